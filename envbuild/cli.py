@@ -1,0 +1,265 @@
+"""Command line: parse arguments, call the library, map errors to exit codes.
+
+Only this module prints and exits. Each command imports what it needs when it runs,
+so ``envbuild resolve`` never pays for the Docker SDK or requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbuild import __version__
+from envbuild.errors import EXIT_INTERRUPTED, EnvbuildError, NoCompatibleStack, UsageError
+
+if TYPE_CHECKING:
+    from envbuild.matrix import Matrix
+    from envbuild.resolve import Request, Resolution
+
+EXIT_CODES_HELP = """exit codes:
+  0 success              2 invalid input (nothing written)   3 no compatible stack
+  4 data error           5 Docker unreachable                6 image build failed
+  7 smoke test failed    8 GPU runtime/driver missing        9 host preflight failed
+  10 reboot required     130 interrupted"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage already; make its message our one-line format."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(message, hint=f"see '{self.prog} --help'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envbuild", description=__doc__, epilog=EXIT_CODES_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--matrices", metavar="DIR",
+                        help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_resolve(commands)
+    _add_detect(commands)
+    _add_smoke(commands)
+    _add_matrix(commands)
+    return parser
+
+
+def add_selectors(p: argparse.ArgumentParser) -> None:
+    """The stack selectors shared by resolve and every command that renders a stack."""
+    host = p.add_argument_group("host")
+    host.add_argument("--driver", help="host NVIDIA driver: 550, 550.54 or 550.54.15")
+    host.add_argument("--host", action="store_true", help="take driver and GPUs from this host")
+    host.add_argument("--gpu", action="append", default=[], metavar="NAME",
+                      help="target GPU by name (repeatable), e.g. 'RTX 4090', A100")
+    host.add_argument("--arch", action="append", default=[], metavar="sm_XY",
+                      help="target GPU architecture (repeatable), e.g. sm_89")
+    host.add_argument("--datacenter", action="store_true",
+                      help="the GPUs are datacenter parts (allows forward compatibility)")
+    stack = p.add_argument_group("stack")
+    for name, example in (("torch", "2.4.1, 2.4, >=2.3,<2.6"), ("python", "3.11"),
+                          ("cuda", "12.4"), ("cudnn", "9")):
+        stack.add_argument(f"--{name}", metavar="SPEC", help=f"constraint, e.g. {example}")
+    stack.add_argument("--ubuntu", metavar="YY.MM", help="Ubuntu release, e.g. 22.04")
+    stack.add_argument("--variant", metavar="NAME",
+                       help="wheel variant: cu124, cpu, or 'default' (the package index's wheel)")
+    stack.add_argument("--flavor", choices=("runtime", "devel"), default="runtime",
+                       help="devel adds the CUDA toolkit (nvcc) for building extensions")
+    stack.add_argument("--index-url", metavar="URL",
+                       help="package index for --variant default (else $PIP_INDEX_URL)")
+
+
+def _add_resolve(commands: Any) -> None:
+    p = commands.add_parser("resolve", help="rank compatible stacks for a driver and GPU",
+                            description="Rank fully pinned Ubuntu/CUDA/cuDNN/PyTorch/Python "
+                                        "stacks for a host driver and GPU.",
+                            epilog=EXIT_CODES_HELP,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_selectors(p)
+    out = p.add_argument_group("output")
+    out.add_argument("--top", type=_positive_int, default=10, metavar="N", help="show N stacks")
+    out.add_argument("--json", action="store_true", help="machine-readable output (stable)")
+    out.add_argument("--explain", action="store_true", help="say why each family was rejected")
+    p.set_defaults(run=cmd_resolve)
+
+
+def _add_detect(commands: Any) -> None:
+    p = commands.add_parser("detect", help="report host facts: driver, GPUs, OS, /dev/shm")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="read saved nvidia-smi output instead of probing")
+    p.set_defaults(run=cmd_detect)
+
+
+def _add_smoke(commands: Any) -> None:
+    p = commands.add_parser("smoke", help="run the GPU smoke test here", add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=cmd_smoke)
+
+
+def _add_matrix(commands: Any) -> None:
+    p = commands.add_parser("matrix", help="validate or show the compatibility data")
+    sub = p.add_subparsers(dest="matrix_command", metavar="ACTION", required=True,
+                           parser_class=_Parser)
+    v = sub.add_parser("validate", help="check every file, row and cross-reference")
+    v.add_argument("--write-manifest", action="store_true",
+                   help="record each file's sha256 after a successful validation")
+    v.set_defaults(run=cmd_matrix_validate)
+    s = sub.add_parser("show", help="print one relation")
+    s.add_argument("relation")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_matrix_show)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+# --- commands ---------------------------------------------------------------------------
+
+
+def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
+    from envbuild import matrix
+
+    directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
+    return matrix.load(directory, cache_dir=matrix.cache_directory(env))
+
+
+def request_from_args(args: argparse.Namespace, matrix: Matrix,
+                      env: Mapping[str, str]) -> Request:
+    from envbuild.resolve import Request
+    from envbuild.selectors import build_request
+
+    request: Request = build_request(args, matrix, env)
+    return request
+
+
+def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
+    from envbuild import report
+    from envbuild.resolve import explain_failure, resolve
+
+    matrix = load_matrix(args, env)
+    request = request_from_args(args, matrix, env)
+    resolution = resolve(request, matrix)
+    if not resolution.stacks:
+        failure = explain_failure(request, matrix, resolution)
+        if args.json:
+            out(json.dumps(report.failure_json(failure, resolution), indent=2))
+        raise failure
+    if args.json:
+        out(json.dumps(report.resolution_json(request, resolution, top=args.top), indent=2))
+    else:
+        out(report.resolution_text(request, resolution, top=args.top, explain=args.explain))
+    return 0
+
+
+def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
+    from envbuild import host
+
+    if args.from_file:
+        try:
+            text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}") from None
+        facts = host.parse_saved(text)
+    else:
+        facts = host.probe_host(env)
+    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
+    return 0
+
+
+def cmd_smoke(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
+    from envbuild import smoke
+
+    return smoke.main(list(args.args))
+
+
+def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
+                        out: Callable[[str], None]) -> int:
+    from envbuild import matrix
+
+    directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
+    data = matrix.load(directory, cache_dir=None)
+    rows = sum(len(r) for r in data.relations.values())
+    out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+    if args.write_manifest:
+        out(f"wrote {matrix.write_manifest(directory)}")
+    return 0
+
+
+def cmd_matrix_show(args: argparse.Namespace, env: Mapping[str, str],
+                    out: Callable[[str], None]) -> int:
+    from envbuild import report
+    from envbuild.matrix import RELATIONS
+
+    if args.relation not in RELATIONS:
+        import difflib
+
+        close = difflib.get_close_matches(args.relation, RELATIONS, n=1)
+        raise UsageError(f"unknown relation {args.relation!r}",
+                         hint=f"Perhaps you meant {close[0]}?" if close else
+                         f"one of: {', '.join(RELATIONS)}")
+    rows = load_matrix(args, env).rows(args.relation)
+    out(json.dumps(list(rows), indent=2) if args.json else report.table_of_rows(rows))
+    return 0
+
+
+# --- entry point ------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    debug = "--debug" in argv
+    if argv[:1] == ["smoke"]:
+        # The smoke test owns its arguments (it also runs standalone inside images).
+        from envbuild import smoke
+
+        return smoke.main(argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "run", None):
+            build_parser().print_help()
+            return 2
+        code: int = args.run(args, env, print)
+        return code
+    except KeyboardInterrupt:
+        print("envbuild: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except EnvbuildError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(exc.one_line(), file=sys.stderr)
+        _print_story(exc)
+        return exc.exit_code
+    except Exception as exc:  # a bug: one line unless --debug, never a silent failure
+        if debug:
+            raise
+        print(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with --debug "
+              "and report it", file=sys.stderr)
+        return 1
+
+
+def _print_story(exc: EnvbuildError) -> None:
+    """After the one line: the conflicts and verified ways out, pip-style."""
+    if isinstance(exc, NoCompatibleStack):
+        if exc.conflicts:
+            print("The conflict is caused by:", file=sys.stderr)
+            for line in exc.conflicts:
+                print(f"  - {line}", file=sys.stderr)
+        if exc.fixes:
+            print("To fix this you could (each re-solved and shown to work):", file=sys.stderr)
+            for line in exc.fixes:
+                print(f"  - {line}", file=sys.stderr)
+    elif exc.details and len(exc.details) > 1:
+        for line in exc.details:
+            print(f"  - {line}", file=sys.stderr)

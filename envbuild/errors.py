@@ -1,0 +1,102 @@
+"""One error hierarchy for envbuild.
+
+Every error carries its exit code and a hint. Only ``cli.main`` turns them into
+output (``envbuild: error[<name>]: <what> — <fix>``) and an exit status; library
+code raises and never prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+
+class EnvbuildError(Exception):
+    """Base class: ``name`` and ``exit_code`` are fixed per subclass."""
+
+    name: ClassVar[str] = "internal"
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details: tuple[str, ...] = ()
+
+    def with_details(self, details: Sequence[str]) -> EnvbuildError:
+        """Attach the full list behind a summarised message (shown with --explain/--debug)."""
+        self.details = tuple(details)
+        return self
+
+    def one_line(self) -> str:
+        text = f"envbuild: error[{self.name}]: {self.message}"
+        if self.hint:
+            text += f" — {self.hint}"
+        # One line, whatever the message carried in (user input may hold newlines).
+        return " ".join(text.split())
+
+
+class UsageError(EnvbuildError):
+    """Invalid input or usage; nothing was written."""
+
+    name = "usage"
+    exit_code = 2
+
+
+class NoCompatibleStack(EnvbuildError):
+    """The constraints admit no stack. Carries data, the CLI tells the story."""
+
+    name = "no-compatible-stack"
+    exit_code = 3
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        conflicts: Sequence[str] = (),
+        fixes: Sequence[str] = (),
+        hint: str = "",
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.conflicts = tuple(conflicts)
+        self.fixes = tuple(fixes)
+
+
+class DataError(EnvbuildError):
+    """Compatibility data (local or upstream) is missing, corrupt or refused."""
+
+    name = "data"
+    exit_code = 4
+
+
+class DockerUnavailable(EnvbuildError):
+    name = "docker"
+    exit_code = 5
+
+
+class BuildFailed(EnvbuildError):
+    name = "build"
+    exit_code = 6
+
+
+class SmokeFailed(EnvbuildError):
+    name = "smoke"
+    exit_code = 7
+
+
+class GpuRuntimeMissing(EnvbuildError):
+    name = "gpu-runtime"
+    exit_code = 8
+
+
+class PreflightFailed(EnvbuildError):
+    name = "preflight"
+    exit_code = 9
+
+
+class RebootRequired(EnvbuildError):
+    name = "reboot-required"
+    exit_code = 10
+
+
+EXIT_INTERRUPTED = 130

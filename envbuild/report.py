@@ -1,0 +1,130 @@
+"""Human and JSON views of a resolution. Pure: strings and dicts out, nothing printed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from envbuild.errors import NoCompatibleStack
+from envbuild.resolve import Request, Resolution, Stack, group_rejections
+
+JSON_SCHEMA = "envbuild.resolve/1"
+COMPAT_SHORT = {"native": "native", "minor-version": "minor", "forward": "forward", None: "-"}
+
+
+def resolution_json(request: Request, resolution: Resolution, *, top: int) -> dict[str, Any]:
+    return {
+        "schema": JSON_SCHEMA,
+        "driver": resolution.driver.to_json() if resolution.driver else None,
+        "gpus": [_gpu_json(g) for g in request.gpus],
+        "stacks": [s.to_json() for s in resolution.stacks[:top]],
+        "total_stacks": len(resolution.stacks),
+        "rejected": [r.to_json() for r in resolution.rejected],
+    }
+
+
+def failure_json(failure: NoCompatibleStack, resolution: Resolution) -> dict[str, Any]:
+    return {
+        "schema": JSON_SCHEMA,
+        "error": failure.message,
+        "conflicts": list(failure.conflicts),
+        "fixes": list(failure.fixes),
+        "driver": resolution.driver.to_json() if resolution.driver else None,
+        "rejected": [r.to_json() for r in resolution.rejected],
+    }
+
+
+def _gpu_json(gpu: Any) -> dict[str, Any]:
+    return {"name": gpu.label, "compute_capability": gpu.compute_capability, "sm": gpu.sm,
+            "datacenter": gpu.datacenter}
+
+
+def resolution_text(request: Request, resolution: Resolution, *, top: int, explain: bool) -> str:
+    lines = list(header_lines(request, resolution))
+    lines.append("")
+    lines.extend(stack_table(resolution.stacks[:top]))
+    shown = min(top, len(resolution.stacks))
+    lines.append("")
+    lines.append(f"{shown} of {len(resolution.stacks)} stacks shown (--top N for more); "
+                 f"{len(resolution.rejected)} families rejected"
+                 + ("." if explain else " (--explain says why)."))
+    for stack in resolution.stacks[:1]:
+        for note in stack.notes:
+            lines.append(f"note: {note}")
+    if explain:
+        lines.append("")
+        lines.extend(rejection_lines(resolution))
+    return "\n".join(lines)
+
+
+def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
+    summary = resolution.driver
+    if summary is None:
+        yield ("No driver given (--driver or --host): no driver constraint; each stack's "
+               "min_driver says what it needs.")
+    else:
+        native = (f"CUDA <= {summary.max_cuda} natively (newest release {summary.max_cuda_release})"
+                  if summary.max_cuda else "no CUDA release natively")
+        yield f"Driver {summary.version} runs {native}."
+        if summary.minor_compat:
+            yield (f"  CUDA {summary.minor_compat} also through minor-version compatibility "
+                   "(caveat: PTX newer than the driver cannot be JIT-compiled; features that "
+                   "need a newer driver fail).")
+        for family, driver in _needs_newer(summary.needs_newer, summary.minor_compat):
+            yield f"  CUDA {family} needs driver >= {driver}."
+    for gpu in request.gpus:
+        kind = {True: "datacenter", False: "consumer/workstation", None: "kind unknown"}
+        yield f"GPU: {gpu.label} ({gpu.sm}, {kind[gpu.datacenter]})"
+
+
+def _needs_newer(needs: Sequence[tuple[str, str]], minor: str | None) -> Iterable[tuple[str, str]]:
+    """One line per CUDA major the driver cannot run at all (the first release of it)."""
+    covered = minor.split(".")[0] if minor else None
+    seen: set[str] = set()
+    for family, driver in needs:
+        major = family.split(".")[0]
+        if major != covered and major not in seen:
+            seen.add(major)
+            yield f"{major}.x", driver
+
+
+COLUMNS = ("#", "torch", "variant", "cuda", "cudnn", "python", "ubuntu", "compat", "min driver",
+           "base image")
+
+
+def stack_table(stacks: Sequence[Stack]) -> list[str]:
+    rows = [COLUMNS] + [
+        (str(i), s.torch, s.variant, s.cuda or "-", s.cudnn or "-", s.python, s.ubuntu,
+         COMPAT_SHORT[s.compat], s.min_driver or "-", s.base_image)
+        for i, s in enumerate(stacks, start=1)
+    ]
+    return format_table(rows)
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def rejection_lines(resolution: Resolution) -> Iterable[str]:
+    yield "Rejected families, by the constraint that failed:"
+    for constraint, items in group_rejections(resolution.rejected).items():
+        yield f"[{constraint}] {len(items)} families"
+        for item in items:
+            yield f"  {item.family}: {item.reason}"
+            if item.source:
+                yield f"      source: {item.source}"
+
+
+def table_of_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)"
+    keys = [k for k in rows[0] if k not in ("source", "retrieved", "note")]
+    body = [tuple(keys)] + [tuple(_cell(r.get(k)) for k in keys) for r in rows]
+    return "\n".join(format_table(body))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "-" if value is None else str(value)

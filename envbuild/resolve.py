@@ -1,0 +1,601 @@
+"""Resolve fully pinned Ubuntu / CUDA / cuDNN / PyTorch / Python stacks.
+
+The search space is small: every (torch release, wheel variant) row of
+``torch_variants.yaml`` is a *family*. Each family is checked against the request in a
+fixed order (the user's own constraints first, then facts: GPU architecture, driver,
+base images); the first failing check is its rejection, with the fact's source. A
+family that passes becomes one pinned ``Stack``, and ``rank_key`` orders them.
+
+Compatibility modes, strongest first:
+- native: the driver is at least the toolkit driver of the wheel's CUDA release;
+- minor-version: the driver meets the CUDA major's floor. The wheel's bundled runtime
+  works, but PTX from the newer toolkit cannot be JIT-compiled, so the GPU must be
+  covered by SASS. The base image is then the newest CUDA release of that major the
+  driver runs natively, because a newer image's NVIDIA_REQUIRE_CUDA refuses to start;
+- forward: datacenter GPUs only, through the cuda-compat package, on the driver
+  branches NVIDIA lists for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from packaging.version import Version
+
+from envbuild.errors import NoCompatibleStack
+from envbuild.gpus import GpuTarget, coverage
+from envbuild.matrix import Matrix, Row
+from envbuild.versions import DriverVersion, Requirement, cuda_tag
+
+Compat = Literal["native", "minor-version", "forward"]
+Flavor = Literal["runtime", "devel"]
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+COMPAT_ORDER: dict[str | None, int] = {"native": 0, "minor-version": 1, "forward": 2, None: 3}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """What the user asked for, parsed; None means unconstrained."""
+
+    driver: DriverVersion | None = None
+    gpus: tuple[GpuTarget, ...] = ()
+    torch: Requirement | None = None
+    python: Requirement | None = None
+    cuda: Requirement | None = None
+    cudnn: Requirement | None = None
+    ubuntu: str | None = None
+    variant: str | None = None  # "cu124", "cpu" or "default"
+    flavor: Flavor = "runtime"
+    package_index: str | None = None  # where "default" wheels come from
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    torch: str
+    torchvision: str | None
+    torchaudio: str | None
+    variant: str
+    index_url: str | None
+    cuda: str | None  # the CUDA runtime the wheel bundles (pin when known)
+    cudnn: str | None
+    nccl: str | None
+    python: str
+    ubuntu: str
+    base_image: str
+    base_cuda: str | None
+    compat: Compat | None  # None for CPU stacks
+    min_driver: str | None
+    flavor: Flavor
+    arch_list: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "torch": self.torch,
+            "torchvision": self.torchvision,
+            "torchaudio": self.torchaudio,
+            "variant": self.variant,
+            "index_url": self.index_url,
+            "cuda": self.cuda,
+            "cudnn": self.cudnn,
+            "nccl": self.nccl,
+            "python": self.python,
+            "ubuntu": self.ubuntu,
+            "base_image": self.base_image,
+            "base_cuda": self.base_cuda,
+            "compat": self.compat,
+            "min_driver": self.min_driver,
+            "flavor": self.flavor,
+            "arch_list": list(self.arch_list),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    family: str
+    constraint: str  # which check failed: torch, variant, python, gpu-arch, driver, ...
+    reason: str
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"family": self.family, "constraint": self.constraint, "reason": self.reason,
+                "source": self.source}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriverSummary:
+    version: str
+    max_cuda: str | None
+    max_cuda_release: str | None
+    minor_compat: str | None
+    needs_newer: tuple[tuple[str, str], ...] = ()  # (CUDA family, driver it needs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "max_cuda": self.max_cuda,
+                "max_cuda_release": self.max_cuda_release, "minor_compat": self.minor_compat}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    stacks: tuple[Stack, ...]
+    rejected: tuple[Rejection, ...]
+    driver: DriverSummary | None
+    global_conflicts: tuple[Rejection, ...] = field(default=())
+
+
+# --- facts read from the matrix --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    """Indexes over the matrix rows that the checks need, built once per resolve."""
+
+    matrix: Matrix
+    toolkits: tuple[tuple[Version, DriverVersion, Row], ...]  # newest first
+    floors: Mapping[int, Row]
+    forward: Mapping[int, Row]
+    images: Mapping[tuple[str, str], Row]  # (cuda release, ubuntu) -> row
+    ubuntus: Mapping[str, Row]  # ubuntu -> ubuntu_python row
+    companions: Mapping[str, Row]
+    pypi: Mapping[str, Row]
+
+    @classmethod
+    def of(cls, matrix: Matrix) -> Facts:
+        toolkits = sorted(
+            ((Version(r["cuda"]), DriverVersion.parse(r["min_driver"]), r)
+             for r in matrix.rows("cuda_toolkits")),
+            key=lambda t: t[0], reverse=True,
+        )
+        compat = matrix.rows("cuda_compat")
+        return cls(
+            matrix=matrix,
+            toolkits=tuple(toolkits),
+            floors={r["cuda_major"]: r for r in compat if r["mode"] == "minor-version"
+                    and "min_driver" in r},
+            forward={r["cuda_major"]: r for r in compat if r["mode"] == "forward"},
+            images={(r["cuda"], r["ubuntu"]): r for r in matrix.rows("cuda_images")},
+            ubuntus={r["ubuntu"]: r for r in matrix.rows("ubuntu_python")},
+            companions={r["torch"]: r for r in matrix.rows("torch_companions")},
+            pypi={r["torch"]: r for r in matrix.rows("torch_pypi")},
+        )
+
+    def releases_of(self, cuda_minor: str) -> list[tuple[Version, DriverVersion, Row]]:
+        return [t for t in self.toolkits if f"{t[0].major}.{t[0].minor}" == cuda_minor]
+
+    def floor(self, major: int) -> DriverVersion | None:
+        row = self.floors.get(major)
+        return DriverVersion.parse(row["min_driver"]) if row else None
+
+
+def summarize_driver(driver: DriverVersion, facts: Facts) -> DriverSummary:
+    native = [t for t in facts.toolkits if driver.satisfies(t[1])]
+    newest = native[0][0] if native else None
+    majors = sorted((m for m in facts.floors if (f := facts.floor(m)) and driver.satisfies(f)),
+                    reverse=True)
+    needs: dict[str, str] = {}
+    for version, minimum, _row in reversed(facts.toolkits):
+        family = f"{version.major}.{version.minor}"
+        if not driver.satisfies(minimum) and family not in needs:
+            needs[family] = minimum.full()
+    return DriverSummary(
+        version=str(driver),
+        max_cuda=f"{newest.major}.{newest.minor}" if newest else None,
+        max_cuda_release=str(newest) if newest else None,
+        minor_compat=f"{majors[0]}.x" if majors else None,
+        needs_newer=tuple(needs.items()),
+    )
+
+
+# --- the checks: each returns a Rejection or a refined candidate ------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Family:
+    row: Row  # torch_variants row
+    variant: str  # as shown: "cu124", or the default wheel's variant
+    index_url: str | None
+    python: tuple[str, ...]
+    pins: Mapping[str, str]
+
+    @property
+    def label(self) -> str:
+        return f"torch {self.row['torch']}+{self.row['variant']}"
+
+
+def families(request: Request, facts: Facts) -> Iterator[Family | Rejection]:
+    """One family per variant row; ``--variant default`` maps to the index's default wheel."""
+    for row in facts.matrix.rows("torch_variants"):
+        pins = {k: row[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in row}
+        family = Family(row=row, variant=row["variant"],
+                        index_url=f"{PYTORCH_INDEX}/{row['variant']}",
+                        python=tuple(row["python"]), pins=pins)
+        if request.variant != "default":
+            yield family
+            continue
+        pypi = facts.pypi.get(row["torch"])
+        if pypi is None or pypi["default_variant"] != row["variant"]:
+            reason = (f"not the default wheel of torch {row['torch']} on the package index"
+                      if pypi else f"no package-index record for torch {row['torch']}")
+            yield Rejection(family=family.label, constraint="variant", reason=reason,
+                            source=pypi["source"] if pypi else None)
+            continue
+        pins = {k: pypi[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in pypi}
+        yield replace(family, index_url=request.package_index, python=tuple(pypi["python"]),
+                      pins=pins)
+
+
+def check_user_constraints(family: Family, request: Request) -> Rejection | None:
+    row = family.row
+
+    def reject(constraint: str, reason: str) -> Rejection:
+        return Rejection(family=family.label, constraint=constraint, reason=reason,
+                         source=row["source"])
+
+    if request.torch and not request.torch.admits(row["torch"]):
+        return reject("torch", f"torch {row['torch']} does not match --torch {request.torch}")
+    if request.torch and request.torch.local and request.torch.local != row["variant"]:
+        return reject("torch", f"variant {row['variant']} is not +{request.torch.local}")
+    if request.variant not in (None, "default") and request.variant != row["variant"]:
+        return reject("variant", f"variant {row['variant']} is not --variant {request.variant}")
+    if request.variant is None and row["variant"] == "cpu":
+        return reject("variant", "CPU-only wheel (ask with --variant cpu)")
+    if request.cuda and (row["cuda"] is None or not any(
+            request.cuda.admits(str(t[0])) for t in _releases(row, request, None))):
+        return reject("cuda", f"CUDA {row['cuda'] or 'none (CPU wheel)'} does not match "
+                              f"--cuda {request.cuda}")
+    cudnn = family.pins.get("cudnn")
+    if request.cudnn and (cudnn is None or not request.cudnn.admits(cudnn)):
+        return reject("cudnn", f"bundled cuDNN {cudnn or 'unknown'} does not match "
+                               f"--cudnn {request.cudnn}")
+    if not pythons(family, request):
+        wanted = f" (--python {request.python})" if request.python else ""
+        return reject("python", f"no wheel for the Python asked for{wanted}; "
+                                f"torch {row['torch']} has wheels for Python "
+                                f"{', '.join(family.python)}")
+    return None
+
+
+def pythons(family: Family, request: Request) -> list[str]:
+    """Admissible Pythons, newest first; free-threaded builds only when asked for."""
+    asked = request.python
+    if asked is not None and asked.text.endswith("t"):
+        return [py for py in family.python if py == asked.text]
+    found = []
+    for py in family.python:
+        if py.endswith("t"):
+            continue
+        if asked is None or asked.admits(py):
+            found.append(py)
+    return sorted(found, key=Version, reverse=True) if found else []
+
+
+def check_gpus(family: Family, request: Request, facts: Facts) -> Rejection | None:
+    row = family.row
+    if row["cuda"] is None or not request.gpus:
+        return None
+    arch_list = row.get("arch_list")
+    if not arch_list:
+        return Rejection(family=family.label, constraint="gpu-arch", source=row["source"],
+                         reason="its arch list is not recorded, so GPU support cannot be checked")
+    for gpu in request.gpus:
+        if coverage(gpu.compute_capability, arch_list) is None:
+            instead = _variants_covering(gpu, row["torch"], facts)
+            hint = f"; use variant {', '.join(instead)}" if instead else ""
+            return Rejection(
+                family=family.label, constraint="gpu-arch", source=row["source"],
+                reason=f"{gpu.sm} ({gpu.label}) not in its arch list [{', '.join(arch_list)}]{hint}",
+            )
+    return None
+
+
+def _variants_covering(gpu: GpuTarget, torch: str, facts: Facts) -> list[str]:
+    return [r["variant"] for r in facts.matrix.rows("torch_variants")
+            if r["torch"] == torch and r["cuda"] and r.get("arch_list")
+            and coverage(gpu.compute_capability, r["arch_list"]) is not None]
+
+
+def _releases(row: Row, request: Request, facts: Facts | None) -> list[tuple[Version, Any, Any]]:
+    if row["cuda"] is None:
+        return []
+    major, minor = (int(p) for p in row["cuda"].split("."))
+    if facts is None:  # only the versions are needed: any x.y.z of this family
+        return [(Version(f"{major}.{minor}.{z}"), None, None) for z in range(10)]
+    return facts.releases_of(row["cuda"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runtime:
+    """How a CUDA family runs on the host: mode, base-image CUDA release, needed driver."""
+
+    compat: Compat
+    base_release: Version | None  # None: no nvidia/cuda image fits; plain Ubuntu base
+    min_driver: DriverVersion
+    source: str
+
+
+def check_driver(family: Family, request: Request, facts: Facts) -> Runtime | Rejection:
+    row = family.row
+    releases = [t for t in facts.releases_of(row["cuda"])
+                if request.cuda is None or request.cuda.admits(str(t[0]))]
+    if not releases:
+        return Rejection(family=family.label, constraint="cuda", source=row["source"],
+                         reason=f"no CUDA {row['cuda']} toolkit release in cuda_toolkits.yaml")
+    oldest_need = min(t[1] for t in releases)
+    gpu_floor = max((g.min_driver_branch or 0 for g in request.gpus), default=0)
+    gpu_ceiling = min((g.last_driver_branch or 10_000 for g in request.gpus), default=10_000)
+    if oldest_need.branch > gpu_ceiling:
+        gpu = min(request.gpus, key=lambda g: g.last_driver_branch or 10_000)
+        return Rejection(family=family.label, constraint="gpu-driver", source=gpu.source,
+                         reason=f"CUDA {row['cuda']} needs driver >= {oldest_need.full()}, but "
+                                f"{gpu.label} is supported only up to driver branch {gpu_ceiling}")
+    driver = request.driver
+    if driver is None:
+        newest = releases[0]
+        need = max(newest[1], DriverVersion(gpu_floor)) if gpu_floor else newest[1]
+        return Runtime(compat="native", base_release=newest[0], min_driver=need,
+                       source=newest[2]["source"])
+    native = [t for t in releases if driver.satisfies(t[1])]
+    if native:
+        return Runtime(compat="native", base_release=native[0][0], min_driver=native[0][1],
+                       source=native[0][2]["source"])
+    return _minor_or_forward(family, request, facts, releases, driver)
+
+
+def _minor_or_forward(family: Family, request: Request, facts: Facts,
+                      releases: list[tuple[Version, DriverVersion, Row]],
+                      driver: DriverVersion) -> Runtime | Rejection:
+    row = family.row
+    major = releases[0][0].major
+    floor = facts.floor(major)
+    oldest = releases[-1]
+    why = f"CUDA {row['cuda']} needs driver >= {oldest[1].full()} (host: {driver})"
+    if floor is not None and driver.satisfies(floor):
+        ptx_only = [g for g in request.gpus
+                    if coverage(g.compute_capability, row.get("arch_list", ())) == "ptx"]
+        if ptx_only:
+            return Rejection(family=family.label, constraint="driver", source=facts.floors[major]["source"],
+                             reason=f"{why}; minor-version compatibility cannot JIT its PTX for "
+                                    f"{ptx_only[0].sm}")
+        base = next((t[0] for t in facts.toolkits if t[0].major == major
+                     and driver.satisfies(t[1])), None)
+        return Runtime(compat="minor-version", base_release=base, min_driver=floor,
+                       source=facts.floors[major]["source"])
+    forward = facts.forward.get(major)
+    if (forward and request.gpus and all(g.datacenter for g in request.gpus)
+            and driver.branch in forward.get("driver_branches", ())):
+        return Runtime(compat="forward", base_release=releases[0][0],
+                       min_driver=DriverVersion(driver.branch), source=forward["source"])
+    if floor is not None:
+        why += f"; minor-version compatibility needs >= {floor.full()}"
+    return Rejection(family=family.label, constraint="driver", reason=why, source=oldest[2]["source"])
+
+
+def choose_base(family: Family, runtime: Runtime | None, request: Request,
+                facts: Facts) -> tuple[str, str, str | None] | Rejection:
+    """(ubuntu, base image, base CUDA release) for the newest Ubuntu that fits."""
+    ubuntus = sorted(facts.ubuntus, key=Version, reverse=True)
+    if request.ubuntu:
+        ubuntus = [u for u in ubuntus if u == request.ubuntu]
+    if runtime is None:  # CPU wheel: plain Ubuntu
+        if not ubuntus:
+            return Rejection(family=family.label, constraint="ubuntu", source=None,
+                             reason=f"Ubuntu {request.ubuntu} is not in ubuntu_python.yaml")
+        return ubuntus[0], f"ubuntu:{ubuntus[0]}", None
+    flavor = "base" if request.flavor == "runtime" else "devel"
+    release = str(runtime.base_release) if runtime.base_release else None
+    for ubuntu in ubuntus:
+        image = facts.images.get((release, ubuntu)) if release else None
+        if image and flavor in image["flavors"]:
+            return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
+    if runtime.compat == "minor-version" and request.flavor == "runtime" and ubuntus:
+        # No native-CUDA image of this major fits: plain Ubuntu, our own requirement.
+        return ubuntus[0], f"ubuntu:{ubuntus[0]}", None
+    where = f"Ubuntu {request.ubuntu}" if request.ubuntu else "any Ubuntu"
+    return Rejection(family=family.label, constraint="ubuntu", source=None,
+                     reason=f"no nvidia/cuda {release or family.row['cuda']} {flavor} image "
+                            f"for {where} in cuda_images.yaml")
+
+
+def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None],
+                request: Request, facts: Facts) -> Stack:
+    row = family.row
+    ubuntu, image, base_cuda = base
+    distro = facts.ubuntus.get(ubuntu, {}).get("python")
+    candidates = pythons(family, request)
+    python = distro if distro in candidates and request.python is None else candidates[0]
+    companions = facts.companions.get(row["torch"], {})
+    notes = []
+    if runtime and runtime.compat == "minor-version":
+        notes.append(f"runs CUDA {row['cuda']} through minor-version compatibility: "
+                     f"no PTX JIT of newer PTX; features needing a newer driver fail")
+    if runtime and runtime.compat == "forward":
+        notes.append("needs the cuda-compat package (forward compatibility, datacenter GPUs only)")
+    return Stack(
+        torch=row["torch"],
+        torchvision=companions.get("torchvision"),
+        torchaudio=companions.get("torchaudio"),
+        variant=family.variant,
+        index_url=family.index_url,
+        cuda=family.pins.get("cuda_runtime", row["cuda"]),
+        cudnn=family.pins.get("cudnn"),
+        nccl=family.pins.get("nccl"),
+        python=python,
+        ubuntu=ubuntu,
+        base_image=image,
+        base_cuda=base_cuda,
+        compat=runtime.compat if runtime else None,
+        min_driver=runtime.min_driver.full() if runtime else None,
+        flavor=request.flavor,
+        arch_list=tuple(row.get("arch_list", ())),
+        notes=tuple(notes),
+    )
+
+
+def evaluate(family: Family, request: Request, facts: Facts) -> Stack | Rejection:
+    """Run the checks in order; the first failure is the family's rejection."""
+    rejection = check_user_constraints(family, request) or check_gpus(family, request, facts)
+    if rejection:
+        return rejection
+    runtime: Runtime | None = None
+    if family.row["cuda"] is not None:
+        checked = check_driver(family, request, facts)
+        if isinstance(checked, Rejection):
+            return checked
+        runtime = checked
+    base = choose_base(family, runtime, request, facts)
+    if isinstance(base, Rejection):
+        return base
+    return build_stack(family, runtime, base, request, facts)
+
+
+# --- the ranking policy, in one place ---------------------------------------------------
+
+
+def rank_key(stack: Stack) -> tuple[Any, ...]:
+    """Best first: newest torch; native before minor-version before forward; the newest
+    CUDA variant; the newest Ubuntu; the newest Python; then the variant name, so that
+    ties always break the same way (FAULTS B5)."""
+    cuda = Version(stack.cuda) if stack.cuda else Version("0")
+    return (
+        _neg(Version(stack.torch)),
+        COMPAT_ORDER[stack.compat],
+        _neg(cuda),
+        _neg(Version(stack.ubuntu)),
+        _neg(Version(stack.python.rstrip("t"))),
+        stack.variant,
+    )
+
+
+def _neg(version: Version) -> tuple[int, ...]:
+    return tuple(-p for p in version.release) + (1,)
+
+
+# --- host-level conflicts, independent of any family ------------------------------------
+
+
+def global_conflicts(request: Request) -> list[Rejection]:
+    found = []
+    for gpu in request.gpus:
+        driver = request.driver
+        if driver and gpu.min_driver_branch and driver.branch < gpu.min_driver_branch:
+            found.append(Rejection(
+                family="host", constraint="gpu-driver", source=gpu.source,
+                reason=f"{gpu.label} needs driver branch >= {gpu.min_driver_branch} (host: {driver})"))
+        if driver and gpu.last_driver_branch and driver.branch > gpu.last_driver_branch:
+            found.append(Rejection(
+                family="host", constraint="gpu-driver", source=gpu.source,
+                reason=f"{gpu.label} is supported only up to driver branch "
+                       f"{gpu.last_driver_branch} (host: {driver})"))
+    return found
+
+
+def resolve(request: Request, matrix: Matrix) -> Resolution:
+    """All stacks that fit, best first, plus every rejected family with its reason."""
+    facts = Facts.of(matrix)
+    summary = summarize_driver(request.driver, facts) if request.driver else None
+    conflicts = global_conflicts(request)
+    stacks: list[Stack] = []
+    rejected: list[Rejection] = []
+    for family in families(request, facts):
+        if isinstance(family, Rejection):
+            rejected.append(family)
+            continue
+        result = conflicts[0] if conflicts else evaluate(family, request, facts)
+        if isinstance(result, Rejection):
+            rejected.append(replace(result, family=family.label) if conflicts else result)
+        else:
+            stacks.append(result)
+    stacks.sort(key=rank_key)
+    return Resolution(stacks=tuple(stacks), rejected=tuple(rejected), driver=summary,
+                      global_conflicts=tuple(conflicts))
+
+
+# --- nothing fits: conflicts and re-solved ways out -------------------------------------
+
+RELAXABLE: tuple[tuple[str, str], ...] = (
+    ("driver", "--driver"), ("torch", "--torch"), ("python", "--python"), ("cuda", "--cuda"),
+    ("cudnn", "--cudnn"), ("ubuntu", "--ubuntu"), ("variant", "--variant"),
+)
+
+
+def explain_failure(request: Request, matrix: Matrix, resolution: Resolution) -> NoCompatibleStack:
+    conflicts = _conflict_lines(resolution)
+    fixes = list(_verified_fixes(request, matrix))
+    first = conflicts[0] if conflicts else "no stack in the data fits"
+    return NoCompatibleStack(
+        f"no compatible stack: {first}",
+        conflicts=conflicts,
+        fixes=fixes,
+        hint=fixes[0] if fixes else "run with --explain to see why each family was rejected",
+    )
+
+
+def _conflict_lines(resolution: Resolution) -> list[str]:
+    if resolution.global_conflicts:
+        return [r.reason for r in resolution.global_conflicts]
+    order = ["torch", "variant", "python", "cuda", "cudnn", "gpu-arch", "gpu-driver", "driver",
+             "ubuntu"]
+    # The most informative reasons are the ones that failed latest in the check order:
+    # they passed every user filter and still did not fit.
+    ranked = sorted(resolution.rejected, key=lambda r: -order.index(r.constraint)
+                    if r.constraint in order else 0)
+    lines: list[str] = []
+    for rejection in ranked:
+        line = f"{rejection.family}: {rejection.reason}"
+        if line not in lines:
+            lines.append(line)
+    return lines[:8]
+
+
+def _verified_fixes(request: Request, matrix: Matrix) -> Iterator[str]:
+    """Drop one constraint at a time; offer a concrete change only if it re-solves."""
+    for name, flag in RELAXABLE:
+        if getattr(request, name) is None:
+            continue
+        relaxed = resolve(replace(request, **{name: None}), matrix).stacks
+        if not relaxed:
+            continue
+        fix = _concrete_fix(name, flag, relaxed, request, matrix)
+        if fix:
+            yield fix
+
+
+def _concrete_fix(name: str, flag: str, stacks: Iterable[Stack], request: Request,
+                  matrix: Matrix) -> str | None:
+    stacks = list(stacks)
+    if name == "driver":
+        need = min((DriverVersion.parse(s.min_driver) for s in stacks if s.min_driver), default=None)
+        if need is None or not resolve(replace(request, driver=need), matrix).stacks:
+            return None
+        best = resolve(replace(request, driver=need), matrix).stacks[0]
+        return f"upgrade the driver to >= {need.full()} (then: {describe(best)})"
+    best = stacks[0]
+    value = {"torch": best.torch, "python": best.python, "cuda": best.cuda, "cudnn": best.cudnn,
+             "ubuntu": best.ubuntu, "variant": best.variant}[name]
+    return f"use {flag} {value} instead of {getattr(request, name)} ({describe(best)})"
+
+
+def describe(stack: Stack) -> str:
+    return f"torch {stack.torch}+{stack.variant}, Python {stack.python}, Ubuntu {stack.ubuntu}"
+
+
+def required_pythons(stacks: Iterable[Stack]) -> list[str]:
+    return sorted({s.python for s in stacks}, key=Version)
+
+
+def group_rejections(rejected: Iterable[Rejection]) -> dict[str, list[Rejection]]:
+    groups: dict[str, list[Rejection]] = {}
+    for rejection in rejected:
+        groups.setdefault(rejection.constraint, []).append(rejection)
+    return groups
+
+
+def variant_of(cuda: str | None) -> str:
+    return cuda_tag(cuda) if cuda else "cpu"
+
+
+CHECKS: tuple[Callable[..., Any], ...] = (check_user_constraints, check_gpus, check_driver,
+                                          choose_base)

@@ -1,0 +1,105 @@
+"""Turn the shared stack selectors (argparse namespace) into a resolver ``Request``.
+
+Every user string is validated here, before anything is resolved or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+
+from packaging.specifiers import SpecifierSet
+
+from envbuild.errors import UsageError
+from envbuild.gpus import GpuTarget, find_gpu, target_from_arch
+from envbuild.matrix import Matrix
+from envbuild.resolve import Request
+from envbuild.versions import DriverVersion, Requirement, parse_requirement
+
+_UBUNTU_RE = re.compile(r"\d{2}\.\d{2}")
+_VARIANT_RE = re.compile(r"cpu|default|cu\d{3,4}")
+
+
+def build_request(args: argparse.Namespace, matrix: Matrix, env: Mapping[str, str]) -> Request:
+    driver = DriverVersion.parse(args.driver) if args.driver else None
+    if driver is not None:
+        check_known_branch(driver, matrix)
+    gpus = [find_gpu(matrix.rows("gpus"), name) for name in args.gpu]
+    gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
+             for arch in args.arch]
+    if args.host:
+        host_driver, host_gpus = host_targets(matrix, env)
+        if driver is None:
+            driver = host_driver
+        gpus += host_gpus
+    if args.datacenter:
+        gpus = [_as_datacenter(g) for g in gpus]
+    return Request(
+        driver=driver,
+        gpus=tuple(gpus),
+        torch=parse_requirement("torch", args.torch) if args.torch is not None else None,
+        python=_python_requirement(args.python),
+        cuda=parse_requirement("cuda", args.cuda) if args.cuda is not None else None,
+        cudnn=parse_requirement("cudnn", args.cudnn) if args.cudnn is not None else None,
+        ubuntu=_ubuntu(args.ubuntu),
+        variant=_variant(args.variant),
+        flavor=args.flavor,
+        package_index=args.index_url or env.get("PIP_INDEX_URL") or None,
+    )
+
+
+def check_known_branch(driver: DriverVersion, matrix: Matrix) -> None:
+    """A branch newer than every driver the data knows is a typo or stale data."""
+    branches = [DriverVersion.parse(r["min_driver"]).branch for r in matrix.rows("cuda_toolkits")]
+    newest = max(branches, default=0)
+    if newest and driver.branch > newest + 50:
+        raise UsageError(
+            f"unknown driver branch {driver.branch} (newest known: {newest})",
+            hint="check the version, or run 'envbuild matrix refresh' for newer data",
+        )
+
+
+def host_targets(matrix: Matrix, env: Mapping[str, str]) -> tuple[DriverVersion | None,
+                                                                   list[GpuTarget]]:
+    from envbuild import host
+
+    facts = host.probe_host(env)
+    driver = DriverVersion.parse(facts.driver_version) if facts.driver_version else None
+    targets = []
+    for gpu in facts.gpus:
+        try:
+            targets.append(find_gpu(matrix.rows("gpus"), gpu.name))
+        except UsageError:
+            if gpu.compute_capability is None:
+                raise UsageError(f"GPU {gpu.name!r} is not in gpus.yaml and its compute "
+                                 "capability is unknown", hint="pass --arch sm_XY") from None
+            targets.append(GpuTarget(label=gpu.name, compute_capability=gpu.compute_capability))
+    return driver, targets
+
+
+def _as_datacenter(gpu: GpuTarget) -> GpuTarget:
+    from dataclasses import replace
+
+    return gpu if gpu.datacenter else replace(gpu, datacenter=True)
+
+
+def _python_requirement(text: str | None) -> Requirement | None:
+    if text is None:
+        return None
+    if re.fullmatch(r"3\.\d{1,2}t", text):  # a free-threaded build, matched by its name
+        return Requirement(kind="python", text=text, specifier=SpecifierSet(f"=={text[:-1]}.*"))
+    return parse_requirement("python", text)
+
+
+def _ubuntu(text: str | None) -> str | None:
+    if text is not None and _UBUNTU_RE.fullmatch(text) is None:
+        raise UsageError(f"invalid Ubuntu release {text!r}", hint="write it as 22.04 or 24.04")
+    return text
+
+
+def _variant(text: str | None) -> str | None:
+    if text is not None and _VARIANT_RE.fullmatch(text) is None:
+        raise UsageError(f"invalid wheel variant {text!r}",
+                         hint="write it as cu124, cpu or default")
+    return text

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+
+from envbuild.errors import UsageError
+from envbuild.gpus import coverage, find_gpu, target_from_arch
+
+ROWS = [
+    {"name": "NVIDIA GeForce RTX 4090", "aliases": ["RTX 4090", "4090"],
+     "compute_capability": "8.9", "architecture": "Ada Lovelace", "datacenter": False,
+     "source": "https://example.invalid/a"},
+    {"name": "NVIDIA H100 80GB HBM3", "aliases": ["H100", "H100 SXM"], "compute_capability": "9.0",
+     "architecture": "Hopper", "datacenter": True, "source": "https://example.invalid/b"},
+]
+
+
+@pytest.mark.parametrize(
+    ("cc", "arch_list", "expected"),
+    [
+        ("8.9", ["sm_80", "sm_86", "sm_89"], "sass"),
+        ("8.9", ["sm_80", "sm_86"], "sass-compatible"),  # same major, lower minor: binary compatible
+        ("8.6", ["sm_80"], "sass-compatible"),
+        ("9.0", ["sm_80", "sm_86"], None),  # another major: no kernel image
+        ("9.0", ["sm_80", "sm_86+PTX"], "ptx"),  # PTX of a lower capability JITs
+        ("9.0", ["sm_90a"], "sass"),  # arch-specific SASS runs on exactly 9.0
+        ("9.2", ["sm_90a"], None),  # ... and nowhere else
+        ("12.0", ["sm_90", "sm_100"], None),
+        ("12.0", ["sm_90", "compute_90"], "ptx"),
+        ("8.0", ["sm_86+PTX"], None),  # PTX for a higher capability cannot run
+        ("6.1", ["sm_75", "sm_80"], None),  # too old for the wheel
+        ("3.7", ["sm_37", "sm_50"], "sass"),
+        ("10.0", ["sm_100", "sm_120"], "sass"),
+    ],
+)
+def test_coverage(cc: str, arch_list: list[str], expected: str | None) -> None:
+    assert coverage(cc, arch_list) == expected
+
+
+@pytest.mark.parametrize("name", ["RTX 4090", "rtx4090", "NVIDIA GeForce RTX 4090", "geforce rtx-4090",
+                                  "4090"])
+def test_find_gpu_forgives_spelling(name: str) -> None:
+    assert find_gpu(ROWS, name).compute_capability == "8.9"
+
+
+def test_unknown_gpu_suggests_the_close_one() -> None:
+    with pytest.raises(UsageError) as info:
+        find_gpu(ROWS, "RTX 4909")
+    assert "unknown GPU 'RTX 4909'" in info.value.message
+    assert "Perhaps you meant NVIDIA GeForce RTX 4090?" in info.value.hint
+
+
+@pytest.mark.parametrize(("arch", "cc"), [("sm_89", "8.9"), ("sm_90", "9.0"), ("sm_100", "10.0"),
+                                          ("sm_120", "12.0"), ("sm_37", "3.7")])
+def test_target_from_arch(arch: str, cc: str) -> None:
+    assert target_from_arch(arch, datacenter=None).compute_capability == cc
+
+
+@pytest.mark.parametrize("arch", ["89", "sm89", "sm_8", "compute_90", "sm_90\n"])
+def test_bad_arch(arch: str) -> None:
+    with pytest.raises(UsageError):
+        target_from_arch(arch, datacenter=None)
