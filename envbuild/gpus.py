@@ -14,6 +14,7 @@ Coverage = Literal["sass", "sass-compatible", "ptx"]
 
 _ARCH_RE = re.compile(r"sm_(\d{1,2})(\d)")
 _ENTRY_RE = re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)(\+PTX)?")
+_NAME_RE = re.compile(r"[A-Za-z0-9 ._()/\-]{1,80}")
 _NOISE_RE = re.compile(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+")
 
 
@@ -39,6 +40,9 @@ def _fold(name: str) -> str:
 
 def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     """Look a GPU up by name or alias, forgiving case, spaces and vendor words."""
+    if _NAME_RE.fullmatch(name) is None:
+        raise UsageError(f"invalid GPU name {name!r}",
+                         hint="letters, digits, spaces and . _ - ( ) / only")
     by_key: dict[str, Mapping[str, Any]] = {}
     for row in rows:
         for alias in (row["name"], *row.get("aliases", ())):
@@ -46,7 +50,7 @@ def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     row = by_key.get(_fold(name))
     if row is None:
         close = difflib.get_close_matches(_fold(name), list(by_key), n=3, cutoff=0.6)
-        names = sorted({by_key[c]["name"] for c in close})
+        names = list(dict.fromkeys(by_key[c]["name"] for c in close))  # closest first
         hint = f"Perhaps you meant {' or '.join(names)}?" if names else (
             "give --arch sm_XY instead, or see 'envbuild matrix show gpus'"
         )

@@ -169,6 +169,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "python": (_list_of(PYTHON), True),
         "requires_python": (_nullable(_text), False),
         "platform_tag": (_text, False),
+        "torchvision": (_nullable(VERSION), False),
+        "torchaudio": (_nullable(VERSION), False),
         "cuda_runtime": (VERSION, False),
         "cudnn": (VERSION, False),
         "nccl": (VERSION, False),
@@ -368,9 +370,13 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"CUDA {r['cuda']} has no release in cuda_toolkits.yaml")
     check("gpu_peaks", lambda r: None if r["name"] in gpu_names else
           f"GPU {r['name']!r} is not in gpus.yaml")
-    check("torch_pypi", lambda r: None if not variants or (r["torch"], r["default_variant"])
-          in variants or r["default_variant"] == "cpu" else
-          f"default variant {r['default_variant']} of torch {r['torch']} is not in torch_variants.yaml")
+    # A release without variant rows is served from the package index alone; one with
+    # rows must list the variant its index wheel was built as.
+    released = {torch for torch, _ in variants}
+    check("torch_pypi", lambda r: None if r["torch"] not in released or r["default_variant"]
+          == "cpu" or (r["torch"], r["default_variant"]) in variants else
+          f"default variant {r['default_variant']} of torch {r['torch']} is not in "
+          "torch_variants.yaml")
     problems.extend(_duplicate_keys(relations))
     return problems
 

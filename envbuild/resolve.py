@@ -206,8 +206,11 @@ class Family:
 
 
 def families(request: Request, facts: Facts) -> Iterator[Family | Rejection]:
-    """One family per variant row; ``--variant default`` maps to the index's default wheel."""
+    """One family per variant row, plus the package index's default wheel of any release
+    without variant rows; ``--variant default`` keeps only the index's default wheels."""
+    with_rows = set()
     for row in facts.matrix.rows("torch_variants"):
+        with_rows.add(row["torch"])
         pins = {k: row[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in row}
         family = Family(row=row, variant=row["variant"],
                         index_url=f"{PYTORCH_INDEX}/{row['variant']}",
@@ -222,9 +225,29 @@ def families(request: Request, facts: Facts) -> Iterator[Family | Rejection]:
             yield Rejection(family=family.label, constraint="variant", reason=reason,
                             source=pypi["source"] if pypi else None)
             continue
-        pins = {k: pypi[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in pypi}
-        yield replace(family, index_url=request.package_index, python=tuple(pypi["python"]),
-                      pins=pins)
+        yield _from_index(family, pypi, request)
+    for pypi in facts.matrix.rows("torch_pypi"):
+        if pypi["torch"] not in with_rows:
+            yield _index_only_family(pypi, request)
+
+
+def _from_index(family: Family, pypi: Row, request: Request) -> Family:
+    pins = {k: pypi[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in pypi}
+    return replace(family, index_url=request.package_index, python=tuple(pypi["python"]),
+                   pins={**family.pins, **pins})
+
+
+def _index_only_family(pypi: Row, request: Request) -> Family:
+    """A release whose variant set is unsourced: only its package-index wheel is known.
+
+    Its CUDA comes from the wheel's runtime pin; its arch list is unknown, so any GPU
+    check refuses it instead of guessing."""
+    variant = pypi["default_variant"]
+    cuda = None if variant == "cpu" else f"{variant[2:-1]}.{variant[-1]}"
+    row = {"torch": pypi["torch"], "variant": variant, "cuda": cuda, "python": pypi["python"],
+           "source": pypi["source"]}
+    return _from_index(Family(row=row, variant=variant, index_url=None,
+                              python=tuple(pypi["python"]), pins={}), pypi, request)
 
 
 def check_user_constraints(family: Family, request: Request) -> Rejection | None:
@@ -375,28 +398,51 @@ def _minor_or_forward(family: Family, request: Request, facts: Facts,
 
 def choose_base(family: Family, runtime: Runtime | None, request: Request,
                 facts: Facts) -> tuple[str, str, str | None] | Rejection:
-    """(ubuntu, base image, base CUDA release) for the newest Ubuntu that fits."""
-    ubuntus = sorted(facts.ubuntus, key=Version, reverse=True)
-    if request.ubuntu:
-        ubuntus = [u for u in ubuntus if u == request.ubuntu]
-    if runtime is None:  # CPU wheel: plain Ubuntu
-        if not ubuntus:
-            return Rejection(family=family.label, constraint="ubuntu", source=None,
-                             reason=f"Ubuntu {request.ubuntu} is not in ubuntu_python.yaml")
-        return ubuntus[0], f"ubuntu:{ubuntus[0]}", None
+    """(ubuntu, base image, base CUDA release): an nvidia/cuda image for the newest Ubuntu
+    that has one, else (runtime flavour) plain Ubuntu, since the wheels carry CUDA's
+    libraries and the rendered image sets the NVIDIA_* variables itself."""
+    ubuntus = [u for u in sorted(facts.ubuntus, key=Version, reverse=True)
+               if request.ubuntu in (None, u)]
+    too_old = _glibc_too_old(family, facts)
+    usable = [u for u in ubuntus if u not in too_old]
+    if not usable:
+        where = f"Ubuntu {request.ubuntu}" if request.ubuntu else "any Ubuntu in ubuntu_python.yaml"
+        why = f" (its glibc is older than the wheel's {family.pins.get('platform_tag')})" \
+            if ubuntus else ""
+        return Rejection(family=family.label, constraint="ubuntu", source=None,
+                         reason=f"no base for {where}{why}")
+    if runtime is None:  # CPU wheel
+        return usable[0], f"ubuntu:{usable[0]}", None
     flavor = "base" if request.flavor == "runtime" else "devel"
     release = str(runtime.base_release) if runtime.base_release else None
-    for ubuntu in ubuntus:
+    for ubuntu in usable:
         image = facts.images.get((release, ubuntu)) if release else None
         if image and flavor in image["flavors"]:
             return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
-    if runtime.compat == "minor-version" and request.flavor == "runtime" and ubuntus:
-        # No native-CUDA image of this major fits: plain Ubuntu, our own requirement.
-        return ubuntus[0], f"ubuntu:{ubuntus[0]}", None
+    if request.flavor == "runtime":
+        return usable[0], f"ubuntu:{usable[0]}", None
     where = f"Ubuntu {request.ubuntu}" if request.ubuntu else "any Ubuntu"
     return Rejection(family=family.label, constraint="ubuntu", source=None,
-                     reason=f"no nvidia/cuda {release or family.row['cuda']} {flavor} image "
+                     reason=f"no nvidia/cuda {release or family.row['cuda']} devel image "
                             f"for {where} in cuda_images.yaml")
+
+
+def _glibc_too_old(family: Family, facts: Facts) -> set[str]:
+    """Ubuntu releases whose glibc is older than the wheel's manylinux baseline."""
+    tag = facts.pypi.get(family.row["torch"], {}).get("platform_tag", "")
+    need = _manylinux_glibc(tag)
+    return {u for u, row in facts.ubuntus.items()
+            if need and "glibc" in row and Version(row["glibc"]) < need}
+
+
+def _manylinux_glibc(tag: str) -> Version | None:
+    legacy = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
+    name = tag.removesuffix("_x86_64")
+    if name in legacy:
+        return Version(legacy[name])
+    if name.startswith("manylinux_2_"):
+        return Version(f"2.{name.removeprefix('manylinux_2_')}")
+    return None
 
 
 def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None],
@@ -413,6 +459,11 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
                      f"no PTX JIT of newer PTX; features needing a newer driver fail")
     if runtime and runtime.compat == "forward":
         notes.append("needs the cuda-compat package (forward compatibility, datacenter GPUs only)")
+    if runtime and base_cuda is None:
+        notes.append("plain Ubuntu base: no nvidia/cuda base image is recorded for this CUDA "
+                     "release; the wheels carry the CUDA libraries")
+    if not row.get("arch_list") and row["cuda"]:
+        notes.append("arch list not recorded: GPU support of this wheel is unverified")
     return Stack(
         torch=row["torch"],
         torchvision=companions.get("torchvision"),
@@ -476,8 +527,8 @@ def _neg(version: Version) -> tuple[int, ...]:
 # --- host-level conflicts, independent of any family ------------------------------------
 
 
-def global_conflicts(request: Request) -> list[Rejection]:
-    found = []
+def global_conflicts(request: Request, facts: Facts) -> list[Rejection]:
+    found = _unknown_variant(request, facts)
     for gpu in request.gpus:
         driver = request.driver
         if driver and gpu.min_driver_branch and driver.branch < gpu.min_driver_branch:
@@ -492,11 +543,28 @@ def global_conflicts(request: Request) -> list[Rejection]:
     return found
 
 
+def _unknown_variant(request: Request, facts: Facts) -> list[Rejection]:
+    """``--torch 2.3.1+cu999`` / ``--variant cu999``: name the variants that do exist."""
+    wanted = request.torch.local if request.torch and request.torch.local else request.variant
+    if wanted in (None, "default"):
+        return []
+    rows = [r for r in facts.matrix.rows("torch_variants")
+            if request.torch is None or request.torch.admits(r["torch"])]
+    if any(r["variant"] == wanted for r in rows):
+        return []
+    available = sorted({r["variant"] for r in rows})
+    which = (f"torch {request.torch.text.split('+')[0]}" if request.torch
+             else "any torch release")
+    return [Rejection(family="request", constraint="variant", source=None,
+                      reason=f"no wheel variant {wanted} for {which}; "
+                             f"available: {', '.join(available) or 'none'}")]
+
+
 def resolve(request: Request, matrix: Matrix) -> Resolution:
     """All stacks that fit, best first, plus every rejected family with its reason."""
     facts = Facts.of(matrix)
     summary = summarize_driver(request.driver, facts) if request.driver else None
-    conflicts = global_conflicts(request)
+    conflicts = global_conflicts(request, facts)
     stacks: list[Stack] = []
     rejected: list[Rejection] = []
     for family in families(request, facts):
@@ -565,17 +633,26 @@ def _verified_fixes(request: Request, matrix: Matrix) -> Iterator[str]:
 
 def _concrete_fix(name: str, flag: str, stacks: Iterable[Stack], request: Request,
                   matrix: Matrix) -> str | None:
-    stacks = list(stacks)
     if name == "driver":
-        need = min((DriverVersion.parse(s.min_driver) for s in stacks if s.min_driver), default=None)
-        if need is None or not resolve(replace(request, driver=need), matrix).stacks:
-            return None
-        best = resolve(replace(request, driver=need), matrix).stacks[0]
-        return f"upgrade the driver to >= {need.full()} (then: {describe(best)})"
-    best = stacks[0]
+        return _driver_fix(request, matrix)
+    best = next(iter(stacks))
     value = {"torch": best.torch, "python": best.python, "cuda": best.cuda, "cudnn": best.cudnn,
              "ubuntu": best.ubuntu, "variant": best.variant}[name]
     return f"use {flag} {value} instead of {getattr(request, name)} ({describe(best)})"
+
+
+def _driver_fix(request: Request, matrix: Matrix) -> str | None:
+    """The smallest known driver (a toolkit's driver or a GPU's branch) that re-solves."""
+    current = request.driver
+    candidates = {DriverVersion.parse(r["min_driver"]) for r in matrix.rows("cuda_toolkits")}
+    candidates |= {DriverVersion(g.min_driver_branch) for g in request.gpus if g.min_driver_branch}
+    for driver in sorted(candidates):
+        if current is not None and not current < driver:
+            continue
+        stacks = resolve(replace(request, driver=driver), matrix).stacks
+        if stacks:
+            return f"upgrade the driver to >= {driver.full()} (then: {describe(stacks[0])})"
+    return None
 
 
 def describe(stack: Stack) -> str:

@@ -1,0 +1,136 @@
+"""The bundled data is valid, and every kind of damage is reported with file and row."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from envbuild import matrix
+from envbuild.cli import main
+from envbuild.errors import DataError
+from envbuild.resolve import Request, resolve
+from envbuild.versions import parse_requirement
+
+BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
+
+
+@pytest.fixture
+def data_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    return target
+
+
+def test_bundled_data_is_valid_and_complete() -> None:
+    data = matrix.load(BUNDLED)
+    assert set(data.relations) == set(matrix.RELATIONS)
+    for relation in matrix.RELATIONS:
+        for row in data.rows(relation):
+            assert row["source"].startswith(("https://", "pip-index:///")), (relation, row)
+            assert row["retrieved"][:4] >= "2020"
+
+
+def test_every_torch_release_from_113_is_present_and_resolves() -> None:
+    data = matrix.load(BUNDLED)
+    on_index = sorted({r["torch"] for r in data.rows("torch_pypi")}, key=Version)
+    assert on_index[0] == "1.13.0" and on_index[-1] == "2.15.0"
+    with_variants = {r["torch"] for r in data.rows("torch_variants")}
+    for torch in on_index:
+        # every release is pinnable: from PyTorch's index variants, or the package index alone
+        request = Request(torch=parse_requirement("torch", torch))
+        stacks = resolve(request, data).stacks
+        assert stacks, torch
+        assert all(s.torch == torch for s in stacks)
+        if torch not in with_variants:
+            assert {s.index_url for s in stacks} == {None}  # the configured package index
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path.name}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _problems(directory: Path) -> list[str]:
+    with pytest.raises(DataError) as info:
+        matrix.load(directory)
+    assert info.value.exit_code == 4
+    return list(info.value.details)
+
+
+def test_wrong_type_is_reported_with_file_and_row(data_copy: Path) -> None:
+    path = data_copy / "cuda_toolkits.yaml"
+    text = path.read_text()
+    first_driver = text.split("min_driver:", 1)[1].split("\n", 1)[0]
+    _replace(path, f"min_driver:{first_driver}", "min_driver: 12")
+    problems = _problems(data_copy)
+    assert any(p.startswith("cuda_toolkits.yaml row 1: min_driver must be a driver version")
+               for p in problems), problems
+
+
+def test_all_problems_are_collected_not_just_the_first(data_copy: Path) -> None:
+    for name in ("gpus.yaml", "cuda_ubuntu.yaml"):
+        _replace(data_copy / name, "source: ", "source: http://insecure.invalid/ ")
+    problems = _problems(data_copy)
+    assert any(p.startswith("gpus.yaml row 1: source") for p in problems)
+    assert any(p.startswith("cuda_ubuntu.yaml row 1: source") for p in problems)
+
+
+def test_truncated_yaml_is_a_data_error(data_copy: Path) -> None:
+    path = data_copy / "cuda_archs.yaml"
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3] + b"\n  - [unclosed")
+    problems = _problems(data_copy)
+    assert any(p.startswith("cuda_archs.yaml: not valid YAML") for p in problems)
+
+
+def test_cross_file_reference_is_checked(data_copy: Path) -> None:
+    path = data_copy / "cuda_images.yaml"
+    text = path.read_text()
+    first_cuda = text.split("cuda:", 1)[1].split("\n", 1)[0]
+    _replace(path, f"cuda:{first_cuda}", "cuda: '99.9.9'")
+    problems = _problems(data_copy)
+    assert ("cuda_images.yaml row 1: CUDA 99.9.9 belongs to no CUDA family in cuda_toolkits.yaml"
+            in problems)
+
+
+def test_unknown_field_and_missing_field(data_copy: Path) -> None:
+    _replace(data_copy / "ubuntu_python.yaml", "codename:", "code_name:")
+    problems = _problems(data_copy)
+    assert "ubuntu_python.yaml row 1: unknown field 'code_name'" in problems
+
+
+def test_manifest_catches_a_corrupted_file(data_copy: Path) -> None:
+    matrix.write_manifest(data_copy)
+    matrix.load(data_copy)  # intact: loads
+    path = data_copy / "gpus.yaml"
+    path.write_bytes(path.read_bytes()[:-40])
+    matrix.load.cache_clear()
+    with pytest.raises(DataError) as info:
+        matrix.load(data_copy)
+    assert "sha256 mismatch" in info.value.message
+    assert info.value.hint.startswith("run 'envbuild matrix refresh'")
+
+
+def test_cli_reports_corrupt_data_with_exit_4(data_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = data_copy / "cudnn.yaml"
+    path.write_text("relation: cudnn\nrows: [")
+    code = main(["--matrices", str(data_copy), "resolve", "--driver", "550"], env={})
+    err = capsys.readouterr().err
+    assert code == 4
+    assert err.startswith("envbuild: error[data]: ")
+    assert "cudnn.yaml: not valid YAML" in err
+
+
+def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = matrix.load(data_copy, cache_dir=cache)
+    cached = list(cache.glob("matrices-*.json"))
+    assert len(cached) == 1 and first.digest in cached[0].name
+    with (data_copy / "ubuntu_python.yaml").open("a") as handle:
+        handle.write("# a comment changes the digest, not the data\n")
+    matrix.load.cache_clear()
+    second = matrix.load(data_copy, cache_dir=cache)
+    assert second.digest != first.digest
