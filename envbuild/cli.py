@@ -19,7 +19,7 @@ from envbuild.errors import EXIT_INTERRUPTED, EnvbuildError, NoCompatibleStack, 
 
 if TYPE_CHECKING:
     from envbuild.matrix import Matrix
-    from envbuild.resolve import Request, Resolution
+    from envbuild.resolve import Request
 
 EXIT_CODES_HELP = """exit codes:
   0 success              2 invalid input (nothing written)   3 no compatible stack
@@ -31,7 +31,7 @@ EXIT_CODES_HELP = """exit codes:
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad usage already; make its message our one-line format."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise UsageError(message, hint=f"see '{self.prog} --help'")
 
 
@@ -134,7 +134,6 @@ def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
 
 def request_from_args(args: argparse.Namespace, matrix: Matrix,
                       env: Mapping[str, str]) -> Request:
-    from envbuild.resolve import Request
     from envbuild.selectors import build_request
 
     request: Request = build_request(args, matrix, env)

@@ -47,15 +47,15 @@ def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     for row in rows:
         for alias in (row["name"], *row.get("aliases", ())):
             by_key.setdefault(_fold(alias), row)
-    row = by_key.get(_fold(name))
-    if row is None:
+    found = by_key.get(_fold(name))
+    if found is None:
         close = difflib.get_close_matches(_fold(name), list(by_key), n=3, cutoff=0.6)
         names = list(dict.fromkeys(by_key[c]["name"] for c in close))  # closest first
         hint = f"Perhaps you meant {' or '.join(names)}?" if names else (
             "give --arch sm_XY instead, or see 'envbuild matrix show gpus'"
         )
         raise UsageError(f"unknown GPU {name!r}", hint=hint)
-    return target_from_row(row, label=row["name"])
+    return target_from_row(found, label=found["name"])
 
 
 def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:
@@ -97,7 +97,8 @@ def coverage(compute_capability: str, arch_list: Iterable[str]) -> Coverage | No
             found.append("sass-compatible")
         if (ptx or kind == "compute") and not specific and e_cc <= (major, minor):
             found.append("ptx")
+    best: Coverage
     for best in ("sass", "sass-compatible", "ptx"):
         if best in found:
-            return best  # type: ignore[return-value]
+            return best
     return None

@@ -32,6 +32,7 @@ from envbuild.versions import DriverVersion, Requirement, cuda_tag
 Compat = Literal["native", "minor-version", "forward"]
 Flavor = Literal["runtime", "devel"]
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
+PIN_FIELDS = ("cuda_runtime", "cudnn", "nccl")
 COMPAT_ORDER: dict[str | None, int] = {"native": 0, "minor-version": 1, "forward": 2, None: 3}
 
 
@@ -211,7 +212,7 @@ def families(request: Request, facts: Facts) -> Iterator[Family | Rejection]:
     with_rows = set()
     for row in facts.matrix.rows("torch_variants"):
         with_rows.add(row["torch"])
-        pins = {k: row[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in row}
+        pins: dict[str, str] = {k: row[k] for k in PIN_FIELDS if k in row}
         family = Family(row=row, variant=row["variant"],
                         index_url=f"{PYTORCH_INDEX}/{row['variant']}",
                         python=tuple(row["python"]), pins=pins)
@@ -232,7 +233,7 @@ def families(request: Request, facts: Facts) -> Iterator[Family | Rejection]:
 
 
 def _from_index(family: Family, pypi: Row, request: Request) -> Family:
-    pins = {k: pypi[k] for k in ("cuda_runtime", "cudnn", "nccl") if k in pypi}
+    pins: dict[str, str] = {k: pypi[k] for k in PIN_FIELDS if k in pypi}
     return replace(family, index_url=request.package_index, python=tuple(pypi["python"]),
                    pins={**family.pins, **pins})
 
@@ -334,7 +335,7 @@ class Runtime:
     """How a CUDA family runs on the host: mode, base-image CUDA release, needed driver."""
 
     compat: Compat
-    base_release: Version | None  # None: no nvidia/cuda image fits; plain Ubuntu base
+    base_releases: tuple[Version, ...]  # CUDA releases a base image may carry, best first
     min_driver: DriverVersion
     source: str
 
@@ -346,25 +347,29 @@ def check_driver(family: Family, request: Request, facts: Facts) -> Runtime | Re
     if not releases:
         return Rejection(family=family.label, constraint="cuda", source=row["source"],
                          reason=f"no CUDA {row['cuda']} toolkit release in cuda_toolkits.yaml")
-    oldest_need = min(t[1] for t in releases)
     gpu_floor = max((g.min_driver_branch or 0 for g in request.gpus), default=0)
-    gpu_ceiling = min((g.last_driver_branch or 10_000 for g in request.gpus), default=10_000)
-    if oldest_need.branch > gpu_ceiling:
-        gpu = min(request.gpus, key=lambda g: g.last_driver_branch or 10_000)
-        return Rejection(family=family.label, constraint="gpu-driver", source=gpu.source,
-                         reason=f"CUDA {row['cuda']} needs driver >= {oldest_need.full()}, but "
-                                f"{gpu.label} is supported only up to driver branch {gpu_ceiling}")
+    ceiling = min((g.last_driver_branch for g in request.gpus if g.last_driver_branch),
+                  default=None)
     driver = request.driver
+    if driver is None and ceiling is not None:
+        # A retired GPU caps the driver: judge the family on the newest driver it supports.
+        driver = DriverVersion(ceiling)
     if driver is None:
         newest = releases[0]
         need = max(newest[1], DriverVersion(gpu_floor)) if gpu_floor else newest[1]
-        return Runtime(compat="native", base_release=newest[0], min_driver=need,
-                       source=newest[2]["source"])
+        return Runtime(compat="native", base_releases=tuple(t[0] for t in releases),
+                       min_driver=need, source=newest[2]["source"])
     native = [t for t in releases if driver.satisfies(t[1])]
     if native:
-        return Runtime(compat="native", base_release=native[0][0], min_driver=native[0][1],
-                       source=native[0][2]["source"])
-    return _minor_or_forward(family, request, facts, releases, driver)
+        return Runtime(compat="native", base_releases=tuple(t[0] for t in native),
+                       min_driver=native[0][1], source=native[0][2]["source"])
+    result = _minor_or_forward(family, request, facts, releases, driver)
+    if isinstance(result, Rejection) and request.driver is None and ceiling is not None:
+        gpu = next(g for g in request.gpus if g.last_driver_branch == ceiling)
+        return replace(result, constraint="gpu-driver", source=gpu.source,
+                       reason=f"{result.reason.split(' (host')[0]}, but {gpu.label} is "
+                              f"supported only up to driver branch {ceiling}")
+    return result
 
 
 def _minor_or_forward(family: Family, request: Request, facts: Facts,
@@ -382,14 +387,14 @@ def _minor_or_forward(family: Family, request: Request, facts: Facts,
             return Rejection(family=family.label, constraint="driver", source=facts.floors[major]["source"],
                              reason=f"{why}; minor-version compatibility cannot JIT its PTX for "
                                     f"{ptx_only[0].sm}")
-        base = next((t[0] for t in facts.toolkits if t[0].major == major
-                     and driver.satisfies(t[1])), None)
-        return Runtime(compat="minor-version", base_release=base, min_driver=floor,
+        bases = tuple(t[0] for t in facts.toolkits if t[0].major == major
+                      and driver.satisfies(t[1]))
+        return Runtime(compat="minor-version", base_releases=bases, min_driver=floor,
                        source=facts.floors[major]["source"])
     forward = facts.forward.get(major)
     if (forward and request.gpus and all(g.datacenter for g in request.gpus)
             and driver.branch in forward.get("driver_branches", ())):
-        return Runtime(compat="forward", base_release=releases[0][0],
+        return Runtime(compat="forward", base_releases=tuple(t[0] for t in releases),
                        min_driver=DriverVersion(driver.branch), source=forward["source"])
     if floor is not None:
         why += f"; minor-version compatibility needs >= {floor.full()}"
@@ -414,16 +419,18 @@ def choose_base(family: Family, runtime: Runtime | None, request: Request,
     if runtime is None:  # CPU wheel
         return usable[0], f"ubuntu:{usable[0]}", None
     flavor = "base" if request.flavor == "runtime" else "devel"
-    release = str(runtime.base_release) if runtime.base_release else None
-    for ubuntu in usable:
-        image = facts.images.get((release, ubuntu)) if release else None
-        if image and flavor in image["flavors"]:
-            return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
+    for release in map(str, runtime.base_releases):
+        for ubuntu in usable:
+            image = facts.images.get((release, ubuntu))
+            if image and flavor in image["flavors"]:
+                return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
     if request.flavor == "runtime":
-        return usable[0], f"ubuntu:{usable[0]}", None
+        built_for = {u for (cuda, u) in facts.images if cuda.startswith(f"{family.row['cuda']}.")}
+        ubuntu = next((u for u in usable if u in built_for), usable[0])
+        return ubuntu, f"ubuntu:{ubuntu}", None
     where = f"Ubuntu {request.ubuntu}" if request.ubuntu else "any Ubuntu"
     return Rejection(family=family.label, constraint="ubuntu", source=None,
-                     reason=f"no nvidia/cuda {release or family.row['cuda']} devel image "
+                     reason=f"no nvidia/cuda {family.row['cuda']} devel image "
                             f"for {where} in cuda_images.yaml")
 
 
@@ -521,7 +528,7 @@ def rank_key(stack: Stack) -> tuple[Any, ...]:
 
 
 def _neg(version: Version) -> tuple[int, ...]:
-    return tuple(-p for p in version.release) + (1,)
+    return (*(-p for p in version.release), 1)
 
 
 # --- host-level conflicts, independent of any family ------------------------------------
@@ -623,7 +630,7 @@ def _verified_fixes(request: Request, matrix: Matrix) -> Iterator[str]:
     for name, flag in RELAXABLE:
         if getattr(request, name) is None:
             continue
-        relaxed = resolve(replace(request, **{name: None}), matrix).stacks
+        relaxed = resolve(replace(request, **{name: None}), matrix).stacks  # type: ignore[arg-type]
         if not relaxed:
             continue
         fix = _concrete_fix(name, flag, relaxed, request, matrix)
@@ -642,9 +649,10 @@ def _concrete_fix(name: str, flag: str, stacks: Iterable[Stack], request: Reques
 
 
 def _driver_fix(request: Request, matrix: Matrix) -> str | None:
-    """The smallest known driver (a toolkit's driver or a GPU's branch) that re-solves."""
+    """The smallest known driver (a toolkit's, a compat floor, a GPU's branch) that re-solves."""
     current = request.driver
-    candidates = {DriverVersion.parse(r["min_driver"]) for r in matrix.rows("cuda_toolkits")}
+    candidates = {DriverVersion.parse(r["min_driver"]) for relation in ("cuda_toolkits", "cuda_compat")
+                  for r in matrix.rows(relation) if "min_driver" in r}
     candidates |= {DriverVersion(g.min_driver_branch) for g in request.gpus if g.min_driver_branch}
     for driver in sorted(candidates):
         if current is not None and not current < driver:

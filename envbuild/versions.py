@@ -119,7 +119,7 @@ def parse_requirement(kind: str, text: str) -> Requirement:
     except InvalidSpecifier:
         raise UsageError(
             f"invalid {kind} version {text!r}",
-            hint=f"give an exact version (2.4.1), a prefix (2.4) or a specifier (>=2.3,<2.5)",
+            hint="give an exact version (2.4.1), a prefix (2.4) or a specifier (>=2.3,<2.5)",
         ) from None
     if any(s.version.endswith(".*") and s.operator not in ("==", "!=") for s in spec):
         raise UsageError(f"invalid {kind} version {text!r}")
