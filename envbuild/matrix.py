@@ -11,8 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -34,168 +33,9 @@ RELATIONS = (
     "cuda_images",
     "ubuntu_python",
 )
+Row = dict[str, Any]
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
-
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_VERSION_RE = re.compile(r"\d+(\.\d+)*")
-_DRIVER_RE = re.compile(r"\d{3}(\.\d{1,3}){0,2}")
-_CC_RE = re.compile(r"\d{1,2}\.\d")
-_SM_RE = re.compile(r"sm_\d{2,3}[af]?(\+PTX)?|compute_\d{2,3}")
-_PY_RE = re.compile(r"3\.\d{1,2}t?")
-_VARIANT_RE = re.compile(r"cpu|cu\d{3,4}")
-_SOURCE_SCHEMES = ("https://", "pip-index:///")
-
-Row = dict[str, Any]
-
-
-# --- field checks: each returns an error text, or None when the value is fine ----------
-
-
-def _text(v: Any) -> str | None:
-    return None if isinstance(v, str) and v.strip() == v and v else "must be a non-empty string"
-
-
-def _pattern(rx: re.Pattern[str], what: str) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        ok = isinstance(v, str) and rx.fullmatch(v) is not None
-        return None if ok else f"must be {what} as a quoted string, got {v!r}"
-
-    return check
-
-
-def _list_of(item: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        if not isinstance(v, list):
-            return f"must be a list, got {v!r}"
-        errors = [e for e in map(item, v) if e]
-        return errors[0] if errors else None
-
-    return check
-
-
-def _int(v: Any) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) else f"must be an integer, got {v!r}"
-
-
-def _number(v: Any) -> str | None:
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-    return None if ok else f"must be a positive number, got {v!r}"
-
-
-def _bool(v: Any) -> str | None:
-    return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
-
-
-def _str_map(v: Any) -> str | None:
-    ok = isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
-    return None if ok else f"must map strings to strings, got {v!r}"
-
-
-def _source(v: Any) -> str | None:
-    ok = isinstance(v, str) and v.startswith(_SOURCE_SCHEMES) and " " not in v
-    return None if ok else f"must be an https:// (or pip-index:///) URL, got {v!r}"
-
-
-def _date(v: Any) -> str | None:
-    # YAML turns an unquoted 2026-11-21 into a date; accept both spellings.
-    return None if _DATE_RE.fullmatch(str(v)) else f"must be a YYYY-MM-DD date, got {v!r}"
-
-
-def _one_of(*choices: str) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
-
-    return check
-
-
-def _nullable(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-    return lambda v: None if v is None else check(v)
-
-
-VERSION = _pattern(_VERSION_RE, "a version like 12.4.1")
-DRIVER = _pattern(_DRIVER_RE, "a driver version like 550.54.15")
-CC = _pattern(_CC_RE, "a compute capability like 8.9")
-PYTHON = _pattern(_PY_RE, "a Python version like 3.11")
-VARIANT = _pattern(_VARIANT_RE, "a wheel variant like cu124 or cpu")
-
-# relation -> {field: (check, required)}
-SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
-    "cuda_toolkits": {"cuda": (VERSION, True), "min_driver": (DRIVER, True)},
-    "cuda_compat": {
-        "cuda_major": (_int, True),
-        "mode": (_one_of("minor-version", "forward"), True),
-        "min_driver": (DRIVER, False),
-        "caveats": (_list_of(_text), False),
-        "gpus": (_one_of("datacenter", "all"), False),
-        "driver_branches": (_list_of(_int), False),
-    },
-    "cuda_archs": {"cuda": (VERSION, True), "compute_capabilities": (_list_of(CC), True)},
-    "cuda_ubuntu": {"cuda": (VERSION, True), "ubuntu": (_list_of(VERSION), True)},
-    "cudnn": {
-        "cudnn": (VERSION, True),
-        "cuda_majors": (_list_of(_int), True),
-        "pip_packages": (_str_map, False),
-    },
-    "gpus": {
-        "name": (_text, True),
-        "aliases": (_list_of(_text), False),
-        "compute_capability": (CC, True),
-        "architecture": (_text, True),
-        "datacenter": (_bool, True),
-        "min_driver_branch": (_int, False),
-        "last_driver_branch": (_int, False),
-    },
-    "gpu_peaks": {
-        "name": (_text, True),
-        "fp32_tflops": (_number, False),
-        "fp16_tflops": (_number, False),
-        "bf16_tflops": (_number, False),
-        "memory_bandwidth_gbs": (_number, False),
-    },
-    "torch_variants": {
-        "torch": (VERSION, True),
-        "variant": (VARIANT, True),
-        "cuda": (_nullable(VERSION), True),
-        "python": (_list_of(PYTHON), True),
-        "arch_list": (_list_of(_pattern(_SM_RE, "an arch like sm_90 or sm_90+PTX")), False),
-        "cuda_runtime": (VERSION, False),
-        "cudnn": (VERSION, False),
-        "nccl": (VERSION, False),
-    },
-    "torch_pypi": {
-        "torch": (VERSION, True),
-        "default_variant": (VARIANT, True),
-        "python": (_list_of(PYTHON), True),
-        "requires_python": (_nullable(_text), False),
-        "platform_tag": (_text, False),
-        "torchvision": (_nullable(VERSION), False),
-        "torchaudio": (_nullable(VERSION), False),
-        "cuda_runtime": (VERSION, False),
-        "cudnn": (VERSION, False),
-        "nccl": (VERSION, False),
-    },
-    "torch_companions": {
-        "torch": (VERSION, True),
-        "torchvision": (_nullable(VERSION), True),
-        "torchaudio": (_nullable(VERSION), True),
-    },
-    "cuda_images": {
-        "cuda": (VERSION, True),
-        "ubuntu": (VERSION, True),
-        "flavors": (_list_of(_one_of("base", "runtime", "devel")), True),
-        "cudnn_tag": (_nullable(_text), False),
-        "cudnn_flavors": (_list_of(_one_of("runtime", "devel")), False),
-    },
-    "ubuntu_python": {
-        "ubuntu": (VERSION, True),
-        "codename": (_text, False),
-        "python": (PYTHON, True),
-        "glibc": (VERSION, False),
-    },
-}
-COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": (_text, False)}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Matrix:
@@ -234,7 +74,9 @@ def load(directory: Path, *, cache_dir: Path | None = None) -> Matrix:
     _check_manifest(directory, files)
     relations = _read_json_cache(cache_dir, digest)
     if relations is None:
-        relations = _parse_all(files)
+        from envbuild.validate import parse_all  # only on a cache miss: regexes and yaml
+
+        relations = parse_all(files)
         _write_json_cache(cache_dir, digest, relations)
     return Matrix(directory=directory, relations=relations, digest=digest)
 
@@ -295,121 +137,6 @@ def _check_manifest(directory: Path, files: Mapping[str, bytes]) -> None:
                 f"data file corrupt (sha256 mismatch): {directory / name}",
                 hint="run 'envbuild matrix refresh' or reinstall envbuild",
             )
-
-
-def _parse_all(files: Mapping[str, bytes]) -> dict[str, tuple[Row, ...]]:
-    import yaml  # only on a cache miss: yaml costs more to import than the rest of resolve
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    problems: list[str] = []
-    relations: dict[str, tuple[Row, ...]] = {}
-    for name in RELATIONS:
-        if name not in files:
-            problems.append(f"{name}.yaml: missing")
-            continue
-        try:
-            document = yaml.load(files[name], Loader=loader)
-        except yaml.YAMLError as exc:
-            problems.append(f"{name}.yaml: not valid YAML ({' '.join(str(exc).split())})")
-            continue
-        relations[name] = tuple(_validate_document(name, document, problems))
-    problems.extend(_cross_references(relations))
-    if problems:
-        shown = "; ".join(problems[:5])
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise DataError(
-            f"{len(problems)} problem(s) in compatibility data: {shown}{more}",
-            hint="fix the rows named, or run 'envbuild matrix validate' for the full list",
-        ).with_details(problems)
-    return relations
-
-
-def _validate_document(name: str, document: Any, problems: list[str]) -> Iterator[Row]:
-    if not isinstance(document, dict) or not isinstance(document.get("rows"), list):
-        problems.append(f"{name}.yaml: expected a mapping with a 'rows' list")
-        return
-    if document.get("relation") != name:
-        problems.append(f"{name}.yaml: 'relation' must be {name!r}")
-    fields = SCHEMA[name] | COMMON_FIELDS
-    for index, row in enumerate(document["rows"], start=1):
-        where = f"{name}.yaml row {index}"
-        if not isinstance(row, dict):
-            problems.append(f"{where}: not a mapping")
-            continue
-        row_problems = [f"{where}: unknown field {key!r}" for key in row if key not in fields]
-        for key, (check, required) in fields.items():
-            if key not in row:
-                if required:
-                    row_problems.append(f"{where}: missing {key!r}")
-                continue
-            error = check(row[key])
-            if error:
-                row_problems.append(f"{where}: {key} {error}")
-        problems.extend(row_problems)
-        if not row_problems:
-            yield {**row, "retrieved": str(row["retrieved"])}
-
-
-def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
-    problems: list[str] = []
-    minors = {".".join(r["cuda"].split(".")[:2]) for r in relations.get("cuda_toolkits", ())}
-    gpu_names = {r["name"] for r in relations.get("gpus", ())}
-    variants = {(r["torch"], r["variant"]) for r in relations.get("torch_variants", ())}
-
-    def check(relation: str, test: Callable[[Row], str | None]) -> None:
-        for index, row in enumerate(relations.get(relation, ()), start=1):
-            error = test(row)
-            if error:
-                problems.append(f"{relation}.yaml row {index}: {error}")
-
-    # An image may name a release whose toolkit driver is not recorded (a data gap, not
-    # an error): the resolver walks cuda_toolkits, so such an image is never chosen.
-    check("cuda_images", lambda r: None if ".".join(r["cuda"].split(".")[:2]) in minors else
-          f"CUDA {r['cuda']} belongs to no CUDA family in cuda_toolkits.yaml")
-    check("torch_variants", lambda r: None if r["cuda"] is None or r["cuda"] in minors else
-          f"CUDA {r['cuda']} has no release in cuda_toolkits.yaml")
-    check("gpu_peaks", lambda r: None if r["name"] in gpu_names else
-          f"GPU {r['name']!r} is not in gpus.yaml")
-    # A release without variant rows is served from the package index alone; one with
-    # rows must list the variant its index wheel was built as.
-    released = {torch for torch, _ in variants}
-    check("torch_pypi", lambda r: None if r["torch"] not in released or r["default_variant"]
-          == "cpu" or (r["torch"], r["default_variant"]) in variants else
-          f"default variant {r['default_variant']} of torch {r['torch']} is not in "
-          "torch_variants.yaml")
-    problems.extend(_duplicate_keys(relations))
-    return problems
-
-
-_KEYS = {
-    "cuda_toolkits": ("cuda",),
-    "cuda_archs": ("cuda",),
-    "cuda_ubuntu": ("cuda",),
-    "cudnn": ("cudnn",),
-    "gpus": ("name",),
-    "gpu_peaks": ("name",),
-    "torch_variants": ("torch", "variant"),
-    "torch_pypi": ("torch",),
-    "torch_companions": ("torch",),
-    "cuda_images": ("cuda", "ubuntu"),
-    "ubuntu_python": ("ubuntu",),
-}
-
-
-def _duplicate_keys(relations: Mapping[str, tuple[Row, ...]]) -> Iterator[str]:
-    for relation, key in _KEYS.items():
-        seen: set[tuple[Any, ...]] = set()
-        for index, row in enumerate(relations.get(relation, ()), start=1):
-            value = tuple(row[k] for k in key)
-            if value in seen:
-                yield f"{relation}.yaml row {index}: duplicate {'/'.join(map(str, value))}"
-            seen.add(value)
-    aliases: dict[str, str] = {}
-    for row in relations.get("gpus", ()):
-        for alias in (row["name"], *row.get("aliases", ())):
-            folded = alias.casefold()
-            if aliases.setdefault(folded, row["name"]) != row["name"]:
-                yield f"gpus.yaml: alias {alias!r} names both {aliases[folded]!r} and {row['name']!r}"
 
 
 # --- JSON cache: parsed rows keyed by the data's digest ---------------------------------

@@ -9,8 +9,6 @@ import argparse
 import re
 from collections.abc import Mapping
 
-from packaging.specifiers import SpecifierSet
-
 from envbuild.errors import UsageError
 from envbuild.gpus import GpuTarget, find_gpu, target_from_arch
 from envbuild.matrix import Matrix
@@ -88,6 +86,8 @@ def _python_requirement(text: str | None) -> Requirement | None:
     if text is None:
         return None
     if re.fullmatch(r"3\.\d{1,2}t", text):  # a free-threaded build, matched by its name
+        from packaging.specifiers import SpecifierSet
+
         return Requirement(kind="python", text=text, specifier=SpecifierSet(f"=={text[:-1]}.*"))
     return parse_requirement("python", text)
 

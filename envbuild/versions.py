@@ -12,11 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
+from typing import TYPE_CHECKING
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import UsageError
+
+if TYPE_CHECKING:  # specifiers compile a large grammar: imported only when one is given
+    from packaging.specifiers import SpecifierSet
 
 _DRIVER_RE = re.compile(r"(\d{3})(?:\.(\d{1,3})(?:\.(\d{1,3}))?)?")
 # Characters a version specifier can ever need; anything else (spaces, newlines,
@@ -111,6 +114,8 @@ class Requirement:
 
 def parse_requirement(kind: str, text: str) -> Requirement:
     """``2.3`` → any 2.3.x; ``2.3.1`` → exactly that; ``>=2.3,<2.5`` as given."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     _reject_odd_characters(kind, text)
     if text[0].isdigit():
         return _bare_version_requirement(kind, text)
@@ -127,6 +132,8 @@ def parse_requirement(kind: str, text: str) -> Requirement:
 
 
 def _bare_version_requirement(kind: str, text: str) -> Requirement:
+    from packaging.specifiers import SpecifierSet
+
     if text.endswith(".*"):  # "2.3.*" is the same series as "2.3"
         text = text[:-2]
         if "*" in text:
