@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, Literal
 
-from packaging.version import Version
+from packaging.version import Version as _Version
 
 from envbuild.errors import NoCompatibleStack
 from envbuild.gpus import GpuTarget, coverage
@@ -33,6 +34,13 @@ Compat = Literal["native", "minor-version", "forward"]
 Flavor = Literal["runtime", "devel"]
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 PIN_FIELDS = ("cuda_runtime", "cudnn", "nccl")
+
+
+@cache
+def Version(text: str) -> _Version:  # a memoised stand-in for the class
+    """Versions repeat across rows and checks; parse each string once."""
+    return _Version(text)
+
 COMPAT_ORDER: dict[str | None, int] = {"native": 0, "minor-version": 1, "forward": 2, None: 3}
 
 
@@ -135,7 +143,8 @@ class Facts:
     """Indexes over the matrix rows that the checks need, built once per resolve."""
 
     matrix: Matrix
-    toolkits: tuple[tuple[Version, DriverVersion, Row], ...]  # newest first
+    toolkits: tuple[tuple[_Version, DriverVersion, Row], ...]  # newest first
+    by_family: Mapping[str, tuple[tuple[_Version, DriverVersion, Row], ...]]
     floors: Mapping[int, Row]
     forward: Mapping[int, Row]
     images: Mapping[tuple[str, str], Row]  # (cuda release, ubuntu) -> row
@@ -151,9 +160,13 @@ class Facts:
             key=lambda t: t[0], reverse=True,
         )
         compat = matrix.rows("cuda_compat")
+        by_family: dict[str, list[tuple[_Version, DriverVersion, Row]]] = {}
+        for item in toolkits:
+            by_family.setdefault(f"{item[0].major}.{item[0].minor}", []).append(item)
         return cls(
             matrix=matrix,
             toolkits=tuple(toolkits),
+            by_family={k: tuple(v) for k, v in by_family.items()},
             floors={r["cuda_major"]: r for r in compat if r["mode"] == "minor-version"
                     and "min_driver" in r},
             forward={r["cuda_major"]: r for r in compat if r["mode"] == "forward"},
@@ -163,8 +176,8 @@ class Facts:
             pypi={r["torch"]: r for r in matrix.rows("torch_pypi")},
         )
 
-    def releases_of(self, cuda_minor: str) -> list[tuple[Version, DriverVersion, Row]]:
-        return [t for t in self.toolkits if f"{t[0].major}.{t[0].minor}" == cuda_minor]
+    def releases_of(self, cuda_minor: str) -> list[tuple[_Version, DriverVersion, Row]]:
+        return list(self.by_family.get(cuda_minor, ()))
 
     def floor(self, major: int) -> DriverVersion | None:
         row = self.floors.get(major)
@@ -321,7 +334,7 @@ def _variants_covering(gpu: GpuTarget, torch: str, facts: Facts) -> list[str]:
             and coverage(gpu.compute_capability, r["arch_list"]) is not None]
 
 
-def _releases(row: Row, request: Request, facts: Facts | None) -> list[tuple[Version, Any, Any]]:
+def _releases(row: Row, request: Request, facts: Facts | None) -> list[tuple[_Version, Any, Any]]:
     if row["cuda"] is None:
         return []
     major, minor = (int(p) for p in row["cuda"].split("."))
@@ -335,7 +348,7 @@ class Runtime:
     """How a CUDA family runs on the host: mode, base-image CUDA release, needed driver."""
 
     compat: Compat
-    base_releases: tuple[Version, ...]  # CUDA releases a base image may carry, best first
+    base_releases: tuple[_Version, ...]  # CUDA releases a base image may carry, best first
     min_driver: DriverVersion
     source: str
 
@@ -373,7 +386,7 @@ def check_driver(family: Family, request: Request, facts: Facts) -> Runtime | Re
 
 
 def _minor_or_forward(family: Family, request: Request, facts: Facts,
-                      releases: list[tuple[Version, DriverVersion, Row]],
+                      releases: list[tuple[_Version, DriverVersion, Row]],
                       driver: DriverVersion) -> Runtime | Rejection:
     row = family.row
     major = releases[0][0].major
@@ -442,7 +455,7 @@ def _glibc_too_old(family: Family, facts: Facts) -> set[str]:
             if need and "glibc" in row and Version(row["glibc"]) < need}
 
 
-def _manylinux_glibc(tag: str) -> Version | None:
+def _manylinux_glibc(tag: str) -> _Version | None:
     legacy = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
     name = tag.removesuffix("_x86_64")
     if name in legacy:
@@ -527,7 +540,7 @@ def rank_key(stack: Stack) -> tuple[Any, ...]:
     )
 
 
-def _neg(version: Version) -> tuple[int, ...]:
+def _neg(version: _Version) -> tuple[int, ...]:
     return (*(-p for p in version.release), 1)
 
 
