@@ -134,7 +134,7 @@ def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
 
 def request_from_args(args: argparse.Namespace, matrix: Matrix,
                       env: Mapping[str, str]) -> Request:
-    from envbuild.selectors import build_request
+    from envbuild.selection import build_request
 
     request: Request = build_request(args, matrix, env)
     return request
