@@ -175,9 +175,29 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[
 
 
 def cmd_smoke(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild import smoke
+    return run_smoke(list(args.args), env)
 
-    return smoke.main(list(args.args))
+
+def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
+    """Run the standalone smoke test, handing it the peaks table from matrices/."""
+    import tempfile
+
+    from envbuild import smoke
+    from envbuild.errors import DataError
+    from envbuild.peaks import peaks_json
+
+    if any(a == "--peaks" or a.startswith("--peaks=") for a in argv) or \
+            any(a in ("-h", "--help") for a in argv):
+        return smoke.main(argv)
+    try:
+        data = peaks_json(load_matrix(argparse.Namespace(matrices=None), env))
+    except (DataError, UsageError) as exc:  # the smoke test must still run without data
+        print(f"envbuild: warning: no peaks table ({exc.message})", file=sys.stderr)
+        return smoke.main(argv)
+    with tempfile.TemporaryDirectory(prefix="envbuild-smoke-") as tmp:
+        path = Path(tmp) / "smoke_peaks.json"
+        path.write_bytes(data)
+        return smoke.main([*argv, "--peaks", str(path)])
 
 
 def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
@@ -219,9 +239,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     debug = "--debug" in argv
     if argv[:1] == ["smoke"]:
         # The smoke test owns its arguments (it also runs standalone inside images).
-        from envbuild import smoke
-
-        return smoke.main(argv[1:])
+        return run_smoke(argv[1:], env)
     try:
         args = build_parser().parse_args(argv)
         if not getattr(args, "run", None):

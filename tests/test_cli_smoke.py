@@ -1,0 +1,40 @@
+"""`envbuild smoke` through the CLI: the standalone test, with the peaks table handed over."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from envbuild import matrix
+from envbuild.cli import main
+from envbuild.peaks import peaks_json, peaks_table
+
+BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
+pytest.importorskip("torch")
+
+
+def test_cli_smoke_cpu_ok_passes_and_plain_run_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["smoke", "--cpu-ok", "--tier", "0", "--json"], env={}) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 0
+    assert all(c["status"] != "pass" for c in report["checks"] if c["name"] == "torch.cuda_build")
+    # without --cpu-ok a CPU-only torch is a failure with its own message (exit 7)
+    assert main(["smoke", "--tier", "0"], env={}) == 7
+    assert "torch is CPU-only (torch.version.cuda=None)" in capsys.readouterr().out
+
+
+def test_peaks_table_carries_aliases_and_source(tmp_path: Path) -> None:
+    data = tmp_path / "m"
+    shutil.copytree(BUNDLED, data)
+    # test data, not a fact: one invented row to show the table's shape
+    (data / "gpu_peaks.yaml").write_text(
+        "relation: gpu_peaks\ndescription: test\nrows:\n"
+        "- {name: NVIDIA L4, fp32_tflops: 1.5, source: 'https://example.invalid/l4', "
+        "retrieved: '2026-11-21'}\n")
+    table = peaks_table(matrix.load(data))
+    assert table["NVIDIA L4"]["fp32_tflops"] == 1.5
+    assert "L4" in table["NVIDIA L4"]["aliases"]
+    assert peaks_json(matrix.load(data)) == peaks_json(matrix.load(data))
