@@ -35,8 +35,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, hint=f"see '{self.prog} --help'")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="envbuild", description=__doc__, epilog=EXIT_CODES_HELP,
+RENDER_COMMANDS = {"lock": "pin a resolved stack into envbuild.lock",
+                   "render": "write a Dockerfile (and lock, smoke test) for a stack"}
+
+
+def build_parser(*, with_render: bool = True) -> argparse.ArgumentParser:
+    """The whole CLI. ``with_render=False`` lists lock/render without importing them,
+    so commands like resolve start without the renderer's imports."""
+    parser = _Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
+                     description="Reproducible GPU environments, resolved from the host driver up.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -47,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_detect(commands)
     _add_smoke(commands)
     _add_matrix(commands)
+    if with_render:
+        from envbuild import render  # jinja2 itself is imported only when rendering
+
+        render.add_commands(commands, add_selectors, _Parser)
+    else:
+        for name, text in RENDER_COMMANDS.items():
+            commands.add_parser(name, help=text)
     return parser
 
 
@@ -241,9 +255,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         # The smoke test owns its arguments (it also runs standalone inside images).
         return run_smoke(argv[1:], env)
     try:
-        args = build_parser().parse_args(argv)
+        command = next((a for a in argv if not a.startswith("-")), None)
+        parser = build_parser(with_render=command in (None, *RENDER_COMMANDS))
+        args = parser.parse_args(argv)
         if not getattr(args, "run", None):
-            build_parser().print_help()
+            parser.print_help()
             return 2
         code: int = args.run(args, env, print)
         return code
