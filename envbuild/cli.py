@@ -19,7 +19,6 @@ from envbuild.errors import EXIT_INTERRUPTED, EnvbuildError, NoCompatibleStack, 
 
 if TYPE_CHECKING:
     from envbuild.matrix import Matrix
-    from envbuild.resolve import Request
 
 EXIT_CODES_HELP = """exit codes:
   0 success              2 invalid input (nothing written)   3 no compatible stack
@@ -146,20 +145,13 @@ def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
     return matrix.load(directory, cache_dir=matrix.cache_directory(env))
 
 
-def request_from_args(args: argparse.Namespace, matrix: Matrix,
-                      env: Mapping[str, str]) -> Request:
-    from envbuild.selection import build_request
-
-    request: Request = build_request(args, matrix, env)
-    return request
-
-
 def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
     from envbuild import report
     from envbuild.resolve import explain_failure, resolve
+    from envbuild.selection import build_request
 
     matrix = load_matrix(args, env)
-    request = request_from_args(args, matrix, env)
+    request = build_request(args, matrix, env)
     resolution = resolve(request, matrix)
     if not resolution.stacks:
         failure = explain_failure(request, matrix, resolution)

@@ -18,7 +18,7 @@ Compatibility modes, strongest first:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Literal
@@ -28,7 +28,7 @@ from packaging.version import Version as _Version
 from envbuild.errors import NoCompatibleStack
 from envbuild.gpus import GpuTarget, coverage
 from envbuild.matrix import Matrix, Row
-from envbuild.versions import DriverVersion, Requirement, cuda_tag
+from envbuild.versions import DriverVersion, Requirement
 
 Compat = Literal["native", "minor-version", "forward"]
 Flavor = Literal["runtime", "devel"]
@@ -264,7 +264,7 @@ def _index_only_family(pypi: Row, request: Request) -> Family:
                               python=tuple(pypi["python"]), pins={}), pypi, request)
 
 
-def check_user_constraints(family: Family, request: Request) -> Rejection | None:
+def check_user_constraints(family: Family, request: Request, facts: Facts) -> Rejection | None:
     row = family.row
 
     def reject(constraint: str, reason: str) -> Rejection:
@@ -280,7 +280,7 @@ def check_user_constraints(family: Family, request: Request) -> Rejection | None
     if request.variant is None and row["variant"] == "cpu":
         return reject("variant", "CPU-only wheel (ask with --variant cpu)")
     if request.cuda and (row["cuda"] is None or not any(
-            request.cuda.admits(str(t[0])) for t in _releases(row, request, None))):
+            request.cuda.admits(str(t[0])) for t in facts.releases_of(row["cuda"]))):
         return reject("cuda", f"CUDA {row['cuda'] or 'none (CPU wheel)'} does not match "
                               f"--cuda {request.cuda}")
     cudnn = family.pins.get("cudnn")
@@ -332,15 +332,6 @@ def _variants_covering(gpu: GpuTarget, torch: str, facts: Facts) -> list[str]:
     return [r["variant"] for r in facts.matrix.rows("torch_variants")
             if r["torch"] == torch and r["cuda"] and r.get("arch_list")
             and coverage(gpu.compute_capability, r["arch_list"]) is not None]
-
-
-def _releases(row: Row, request: Request, facts: Facts | None) -> list[tuple[_Version, Any, Any]]:
-    if row["cuda"] is None:
-        return []
-    major, minor = (int(p) for p in row["cuda"].split("."))
-    if facts is None:  # only the versions are needed: any x.y.z of this family
-        return [(Version(f"{major}.{minor}.{z}"), None, None) for z in range(10)]
-    return facts.releases_of(row["cuda"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -507,7 +498,8 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
 
 def evaluate(family: Family, request: Request, facts: Facts) -> Stack | Rejection:
     """Run the checks in order; the first failure is the family's rejection."""
-    rejection = check_user_constraints(family, request) or check_gpus(family, request, facts)
+    rejection = (check_user_constraints(family, request, facts)
+                 or check_gpus(family, request, facts))
     if rejection:
         return rejection
     runtime: Runtime | None = None
@@ -680,20 +672,8 @@ def describe(stack: Stack) -> str:
     return f"torch {stack.torch}+{stack.variant}, Python {stack.python}, Ubuntu {stack.ubuntu}"
 
 
-def required_pythons(stacks: Iterable[Stack]) -> list[str]:
-    return sorted({s.python for s in stacks}, key=Version)
-
-
 def group_rejections(rejected: Iterable[Rejection]) -> dict[str, list[Rejection]]:
     groups: dict[str, list[Rejection]] = {}
     for rejection in rejected:
         groups.setdefault(rejection.constraint, []).append(rejection)
     return groups
-
-
-def variant_of(cuda: str | None) -> str:
-    return cuda_tag(cuda) if cuda else "cpu"
-
-
-CHECKS: tuple[Callable[..., Any], ...] = (check_user_constraints, check_gpus, check_driver,
-                                          choose_base)
