@@ -172,7 +172,8 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[
         try:
             text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}",
+                             hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file first") from None
         facts = host.parse_saved(text)
     else:
         facts = host.probe_host(env)

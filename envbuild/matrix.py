@@ -68,7 +68,8 @@ def load(directory: Path, *, cache_dir: Path | None = None) -> Matrix:
     """Load and validate ``directory``; cached per process, and on disk by content digest."""
     directory = directory.resolve()
     if not directory.is_dir():
-        raise UsageError(f"matrices directory not found: {directory}")
+        raise UsageError(f"matrices directory not found: {directory}",
+                         hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
     files = _read_files(directory)
     digest = _digest(files)
     _check_manifest(directory, files)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # specifiers compile a large grammar: imported only when one 
 _DRIVER_RE = re.compile(r"(\d{3})(?:\.(\d{1,3})(?:\.(\d{1,3}))?)?")
 # Characters a version specifier can ever need; anything else (spaces, newlines,
 # quotes, ';', '$', Unicode separators) is rejected before packaging sees it.
+_VERSION_HINT = "give an exact version (2.4.1), a series (2.4) or a specifier (>=2.3,<2.5)"
 _SPEC_CHARS_RE = re.compile(r"[0-9A-Za-z.*,<>=!~+]+")
 
 
@@ -88,7 +89,7 @@ def parse_version(kind: str, text: str) -> Version:
     try:
         return Version(text)
     except InvalidVersion:
-        raise UsageError(f"invalid {kind} version {text!r}") from None
+        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,10 +125,10 @@ def parse_requirement(kind: str, text: str) -> Requirement:
     except InvalidSpecifier:
         raise UsageError(
             f"invalid {kind} version {text!r}",
-            hint="give an exact version (2.4.1), a prefix (2.4) or a specifier (>=2.3,<2.5)",
+            hint=_VERSION_HINT,
         ) from None
     if any(s.version.endswith(".*") and s.operator not in ("==", "!=") for s in spec):
-        raise UsageError(f"invalid {kind} version {text!r}")
+        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT)
     return Requirement(kind=kind, text=text, specifier=spec)
 
 
@@ -137,13 +138,13 @@ def _bare_version_requirement(kind: str, text: str) -> Requirement:
     if text.endswith(".*"):  # "2.3.*" is the same series as "2.3"
         text = text[:-2]
         if "*" in text:
-            raise UsageError(f"invalid {kind} version {text + '.*'!r}")
+            raise UsageError(f"invalid {kind} version {text + '.*'!r}", hint=_VERSION_HINT)
     try:
         version = Version(text)
     except InvalidVersion:
-        raise UsageError(f"invalid {kind} version {text!r}") from None
+        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT) from None
     if version.local is not None and text.count("+") != 1:
-        raise UsageError(f"invalid {kind} version {text!r}")
+        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT)
     public = version.public
     # "2.3" (or Python "3.11") names a series; three components name one release.
     spec = SpecifierSet(f"=={public}.*" if len(version.release) < 3 else f"=={public}")
