@@ -1,46 +1,98 @@
-"""GPU targets: what a stack must run on, from a name, an ``sm_XY`` or the host."""
+"""GPU targets: what a stack must run on, from a name, an ``sm_XY`` or the host.
+
+On ``envbuild resolve``'s start-up path: ``re`` and ``difflib`` are imported only when a
+GPU is named, and ``GpuTarget`` is a hand-written frozen value rather than a dataclass
+(see ``envbuild.versions`` for why).
+"""
 
 from __future__ import annotations
 
-import difflib
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Iterable, Mapping
+    from typing import Any, Literal
 
-from envbuild.errors import UsageError
+    Coverage = Literal["sass", "sass-compatible", "ptx"]
+    # An arch-list entry, parsed: (kind "sm"/"compute", (major, minor), arch-specific, +PTX)
+    ArchEntry = tuple[str, tuple[int, int], bool, bool]
 
-Coverage = Literal["sass", "sass-compatible", "ptx"]
-
-_ARCH_RE = re.compile(r"sm_(\d{1,2})(\d)")
-_ENTRY_RE = re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)(\+PTX)?")
-_NAME_RE = re.compile(r"[A-Za-z0-9 ._()/\-]{1,80}")
-_NOISE_RE = re.compile(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+")
+_FIELDS = ("label", "compute_capability", "datacenter", "min_driver_branch", "last_driver_branch",
+           "source")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuTarget:
     """One GPU a stack must run on, with what the data knows about its driver support."""
 
+    __slots__ = _FIELDS
     label: str
     compute_capability: str
-    datacenter: bool | None = None
-    min_driver_branch: int | None = None
-    last_driver_branch: int | None = None
-    source: str | None = None
+    datacenter: bool | None
+    min_driver_branch: int | None
+    last_driver_branch: int | None
+    source: str | None
+
+    def __init__(self, *, label: str, compute_capability: str, datacenter: bool | None = None,
+                 min_driver_branch: int | None = None, last_driver_branch: int | None = None,
+                 source: str | None = None) -> None:
+        for name, value in zip(_FIELDS, (label, compute_capability, datacenter, min_driver_branch,
+                                         last_driver_branch, source), strict=True):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")  # frozen
+
+    def _key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GpuTarget):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"GpuTarget({fields})"
+
+    def with_datacenter(self) -> GpuTarget:
+        return GpuTarget(label=self.label, compute_capability=self.compute_capability,
+                         datacenter=True, min_driver_branch=self.min_driver_branch,
+                         last_driver_branch=self.last_driver_branch, source=self.source)
 
     @property
     def sm(self) -> str:
         return "sm_" + self.compute_capability.replace(".", "")
 
 
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    """The module's regexes, compiled on first use (``re`` costs start-up time)."""
+    if not _PATTERNS:
+        import re
+
+        _PATTERNS.update(
+            arch=re.compile(r"sm_(\d{1,2})(\d)"),
+            entry=re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)(\+PTX)?"),
+            name=re.compile(r"[A-Za-z0-9 ._()/\-]{1,80}"),
+            noise=re.compile(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+"),
+        )
+    return _PATTERNS[name]
+
+
 def _fold(name: str) -> str:
-    return _NOISE_RE.sub("", name.casefold())
+    return _pattern("noise").sub("", name.casefold())
 
 
 def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     """Look a GPU up by name or alias, forgiving case, spaces and vendor words."""
-    if _NAME_RE.fullmatch(name) is None:
+    from envbuild.errors import UsageError
+
+    if _pattern("name").fullmatch(name) is None:
         raise UsageError(f"invalid GPU name {name!r}",
                          hint="letters, digits, spaces and . _ - ( ) / only")
     by_key: dict[str, Mapping[str, Any]] = {}
@@ -49,6 +101,8 @@ def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
             by_key.setdefault(_fold(alias), row)
     found = by_key.get(_fold(name))
     if found is None:
+        import difflib
+
         close = difflib.get_close_matches(_fold(name), list(by_key), n=3, cutoff=0.6)
         names = list(dict.fromkeys(by_key[c]["name"] for c in close))  # closest first
         hint = f"Perhaps you meant {' or '.join(names)}?" if names else (
@@ -70,10 +124,23 @@ def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:
 
 
 def target_from_arch(arch: str, *, datacenter: bool | None) -> GpuTarget:
-    match = _ARCH_RE.fullmatch(arch)
+    match = _pattern("arch").fullmatch(arch)
     if match is None:
+        from envbuild.errors import UsageError
+
         raise UsageError(f"invalid GPU architecture {arch!r}", hint="write it as sm_89, sm_90 or sm_120")
     return GpuTarget(label=arch, compute_capability=f"{int(match[1])}.{match[2]}", datacenter=datacenter)
+
+
+def parse_arch_list(arch_list: Iterable[str]) -> list[ArchEntry]:
+    """The entries ``coverage`` understands, parsed once (the resolver's index stores them)."""
+    parsed: list[ArchEntry] = []
+    for entry in arch_list:
+        match = _pattern("entry").fullmatch(entry)
+        if match is not None:
+            kind, e_major, e_minor, specific, ptx = match.groups()
+            parsed.append((kind, (int(e_major), int(e_minor)), bool(specific), bool(ptx)))
+    return parsed
 
 
 def coverage(compute_capability: str, arch_list: Iterable[str]) -> Coverage | None:
@@ -83,14 +150,14 @@ def coverage(compute_capability: str, arch_list: Iterable[str]) -> Coverage | No
     the arch-specific ``a``/``f`` targets); or PTX of an equal or lower capability that
     the driver JIT-compiles. None: "no kernel image is available" at the first kernel.
     """
+    return coverage_of(compute_capability, parse_arch_list(arch_list))
+
+
+def coverage_of(compute_capability: str, entries: Iterable[ArchEntry]) -> Coverage | None:
+    """``coverage`` over an arch list already parsed by ``parse_arch_list``."""
     major, minor = (int(p) for p in compute_capability.split("."))
     found: list[Coverage] = []
-    for entry in arch_list:
-        match = _ENTRY_RE.fullmatch(entry)
-        if match is None:
-            continue
-        kind, e_major, e_minor, specific, ptx = match.groups()
-        e_cc = (int(e_major), int(e_minor))
+    for kind, e_cc, specific, ptx in entries:
         if kind == "sm" and e_cc == (major, minor):
             found.append("sass")
         elif kind == "sm" and not specific and e_cc[0] == major and e_cc[1] < minor:

@@ -4,20 +4,20 @@ One YAML file per relation; every row carries ``source`` and ``retrieved``. The 
 checks each field's type, parses versions once, checks references across files, and
 reports *every* problem with its file and row in one ``DataError``. Results are cached
 per directory, and a JSON cache keyed by the files' sha256 keeps the CLI's start fast.
+
+``envbuild resolve`` imports this module on its start-up path (issue 2), so it imports
+nothing heavy at load: hashlib, json, pathlib and the errors come in where they are used.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
-from typing import Any
 
-from envbuild.errors import DataError, UsageError
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
 
 RELATIONS = (
     "cuda_toolkits",
@@ -29,25 +29,53 @@ RELATIONS = (
     "gpu_peaks",
     "torch_variants",
     "torch_pypi",
+    "torch_wheels",
     "torch_companions",
     "cuda_images",
     "ubuntu_python",
 )
-Row = dict[str, Any]
+if TYPE_CHECKING:
+    Row = dict[str, Any]
+else:
+    Row = dict  # the alias, without importing typing
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Matrix:
     """All relations, as validated rows (plain mappings; see ``matrices/README.md``).
 
     Rows stay mappings because the resolver reads a handful of fields from each and
     the CLI's start-up must stay cheap; typed views live in ``envbuild.resolve``.
+    A frozen value written by hand (no dataclasses import on the start-up path);
+    ``derived`` holds what is computed from it once, such as the resolver's index.
     """
 
+    __slots__ = ("derived", "digest", "directory", "relations")
     directory: Path
     relations: Mapping[str, tuple[Row, ...]]
-    digest: str = field(default="")
+    digest: str
+    derived: dict[str, Any]
+
+    def __init__(self, *, directory: Path, relations: Mapping[str, tuple[Row, ...]],
+                 digest: str = "") -> None:
+        object.__setattr__(self, "directory", directory)
+        object.__setattr__(self, "relations", relations)
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "derived", {})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Matrix):
+            return NotImplemented
+        return (self.directory, self.relations, self.digest) == (
+            other.directory, other.relations, other.digest)
+
+    __hash__ = None  # type: ignore[assignment]  # its relations are dicts, as before
+
+    def __repr__(self) -> str:
+        return f"Matrix(directory={self.directory!r}, digest={self.digest!r})"
 
     def rows(self, relation: str) -> tuple[Row, ...]:
         return self.relations.get(relation, ())
@@ -55,19 +83,47 @@ class Matrix:
 
 def default_directory(env: Mapping[str, str]) -> Path:
     """``ENVBUILD_MATRICES``, else the copy inside the installed package, else the repo's."""
+    from pathlib import Path
+
+    return Path(default_directory_name(env))
+
+
+def default_directory_name(env: Mapping[str, str]) -> str:
+    """``default_directory`` as a string, without importing pathlib."""
     if env.get("ENVBUILD_MATRICES"):
-        return Path(env["ENVBUILD_MATRICES"])
-    packaged = Path(__file__).resolve().parent / "matrices"
-    if packaged.is_dir():
+        return env["ENVBUILD_MATRICES"]
+    here = os.path.dirname(os.path.realpath(__file__))
+    packaged = os.path.join(here, "matrices")
+    if os.path.isdir(packaged):
         return packaged
-    return Path(__file__).resolve().parent.parent / "matrices"
+    return os.path.join(os.path.dirname(here), "matrices")
 
 
-@cache
-def load(directory: Path, *, cache_dir: Path | None = None) -> Matrix:
-    """Load and validate ``directory``; cached per process, and on disk by content digest."""
+class _Loader:
+    """``load``, memoised per (directory, cache_dir) like ``functools.cache`` did."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[Path, Path | None], Matrix] = {}
+
+    def __call__(self, directory: Path, *, cache_dir: Path | None = None) -> Matrix:
+        """Load and validate ``directory``; cached per process, and on disk by content digest."""
+        key = (directory, cache_dir)
+        if key not in self._done:
+            self._done[key] = _load(directory, cache_dir)
+        return self._done[key]
+
+    def cache_clear(self) -> None:
+        self._done.clear()
+
+
+load = _Loader()
+
+
+def _load(directory: Path, cache_dir: Path | None) -> Matrix:
     directory = directory.resolve()
     if not directory.is_dir():
+        from envbuild.errors import UsageError
+
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
     files = _read_files(directory)
@@ -95,6 +151,8 @@ def _read_files(directory: Path) -> dict[str, bytes]:
 
 
 def _digest(files: Mapping[str, bytes]) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
@@ -103,6 +161,8 @@ def _digest(files: Mapping[str, bytes]) -> str:
 
 def file_hashes(directory: Path) -> dict[str, str]:
     """sha256 of every relation file present, for the manifest."""
+    import hashlib
+
     return {
         f"{name}.yaml": hashlib.sha256(data).hexdigest()
         for name, data in _read_files(directory).items()
@@ -112,6 +172,8 @@ def file_hashes(directory: Path) -> dict[str, str]:
 
 def write_manifest(directory: Path) -> Path:
     """Record each data file's sha256 so corruption is caught at load (atomic write)."""
+    import json
+
     body = json.dumps({"files": file_hashes(directory)}, indent=2, sort_keys=True) + "\n"
     target = directory / MANIFEST
     tmp = target.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
@@ -123,6 +185,11 @@ def write_manifest(directory: Path) -> Path:
 def _check_manifest(directory: Path, files: Mapping[str, bytes]) -> None:
     if MANIFEST not in files:
         return
+    import hashlib
+    import json
+
+    from envbuild.errors import DataError
+
     try:
         recorded = json.loads(files[MANIFEST])["files"]
     except (ValueError, KeyError, TypeError):
@@ -144,15 +211,25 @@ def _check_manifest(directory: Path, files: Mapping[str, bytes]) -> None:
 
 
 def cache_directory(env: Mapping[str, str]) -> Path | None:
+    from pathlib import Path
+
+    name = cache_directory_name(env)
+    return Path(name) if name is not None else None
+
+
+def cache_directory_name(env: Mapping[str, str]) -> str | None:
+    """``cache_directory`` as a string, without importing pathlib."""
     if env.get("ENVBUILD_NO_CACHE"):
         return None
-    base = env.get("XDG_CACHE_HOME") or (Path(env["HOME"]) / ".cache" if env.get("HOME") else None)
-    return Path(base) / "envbuild" if base else None
+    base = env.get("XDG_CACHE_HOME") or (os.path.join(env["HOME"], ".cache") if env.get("HOME") else None)
+    return os.path.join(base, "envbuild") if base else None
 
 
 def _read_json_cache(cache_dir: Path | None, digest: str) -> dict[str, tuple[Row, ...]] | None:
     if cache_dir is None:
         return None
+    import json
+
     try:
         data = json.loads((cache_dir / f"matrices-{digest}.json").read_bytes())
     except (OSError, ValueError):
@@ -167,6 +244,8 @@ def _write_json_cache(
 ) -> None:
     if cache_dir is None:
         return
+    import json
+
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         target = cache_dir / f"matrices-{digest}.json"

@@ -1,18 +1,31 @@
-"""Human and JSON views of a resolution. Pure: strings and dicts out, nothing printed."""
+"""Human and JSON views of a resolution. Pure: strings and dicts out, nothing printed.
+
+Views serve both the typed ``resolve.Resolution`` and the CLI fast path's plain
+``candidates.Outcome`` (same fields); at run time this module imports only the core.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from envbuild.candidates import group_rejections
 
-from envbuild.errors import NoCompatibleStack
-from envbuild.resolve import Request, Resolution, Stack, group_rejections
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any, TypeAlias
+
+    from envbuild.candidates import Outcome, Pinned, Query
+    from envbuild.errors import NoCompatibleStack
+    from envbuild.resolve import Request, Resolution, Stack
+
+    Resolution_: TypeAlias = "Resolution | Outcome"
+    Request_: TypeAlias = "Request | Query"
+    Stack_: TypeAlias = "Stack | Pinned"
 
 JSON_SCHEMA = "envbuild.resolve/1"
 COMPAT_SHORT = {"native": "native", "minor-version": "minor", "forward": "forward", None: "-"}
 
 
-def resolution_json(request: Request, resolution: Resolution, *, top: int) -> dict[str, Any]:
+def resolution_json(request: Request_, resolution: Resolution_, *, top: int) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "driver": resolution.driver.to_json() if resolution.driver else None,
@@ -23,7 +36,7 @@ def resolution_json(request: Request, resolution: Resolution, *, top: int) -> di
     }
 
 
-def failure_json(failure: NoCompatibleStack, resolution: Resolution) -> dict[str, Any]:
+def failure_json(failure: NoCompatibleStack, resolution: Resolution_) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "error": failure.message,
@@ -39,7 +52,7 @@ def _gpu_json(gpu: Any) -> dict[str, Any]:
             "datacenter": gpu.datacenter}
 
 
-def resolution_text(request: Request, resolution: Resolution, *, top: int, explain: bool) -> str:
+def resolution_text(request: Request_, resolution: Resolution_, *, top: int, explain: bool) -> str:
     lines = list(header_lines(request, resolution))
     lines.append("")
     lines.extend(stack_table(resolution.stacks[:top]))
@@ -57,7 +70,7 @@ def resolution_text(request: Request, resolution: Resolution, *, top: int, expla
     return "\n".join(lines)
 
 
-def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
+def header_lines(request: Request_, resolution: Resolution_) -> Iterable[str]:
     summary = resolution.driver
     if summary is None:
         yield ("No driver given (--driver or --host): no driver constraint; each stack's "
@@ -92,7 +105,7 @@ COLUMNS = ("#", "torch", "variant", "cuda", "cudnn", "python", "ubuntu", "compat
            "base image")
 
 
-def stack_table(stacks: Sequence[Stack]) -> list[str]:
+def stack_table(stacks: Sequence[Stack_]) -> list[str]:
     rows = [COLUMNS] + [
         (str(i), s.torch, s.variant, s.cuda or "-", s.cudnn or "-", s.python, s.ubuntu,
          COMPAT_SHORT[s.compat], s.min_driver or "-", s.base_image)
@@ -106,7 +119,7 @@ def format_table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def rejection_lines(resolution: Resolution) -> Iterable[str]:
+def rejection_lines(resolution: Resolution_) -> Iterable[str]:
     yield "Rejected families, by the constraint that failed:"
     for constraint, items in group_rejections(resolution.rejected).items():
         yield f"[{constraint}] {len(items)} families"
@@ -128,3 +141,67 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
     return "-" if value is None else str(value)
+
+
+# --- JSON text without the json module ------------------------------------------------
+# ``import json`` imports ``re`` (its decoder's patterns): a third of the time issue 2
+# allows a resolve. This writes what ``json.dumps(body, indent=2)`` writes, for the
+# types a report holds, and hands anything else to json itself.
+
+
+def json_text(body: Any) -> str:
+    """``json.dumps(body, indent=2)``, byte for byte."""
+    try:
+        from _json import encode_basestring_ascii as quote
+    except ImportError:  # an interpreter without the C accelerator
+        from json.encoder import py_encode_basestring_ascii as quote
+    out: list[str] = []
+    try:
+        _json_into(body, quote, "\n", out)
+    except _NotPlain:
+        import json
+
+        return json.dumps(body, indent=2)
+    return "".join(out)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _json_into(value: Any, quote: Callable[[str], str], newline: str, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(quote(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif type(value) is int:
+        out.append(int.__repr__(value))
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            out.append("[]")
+            return
+        inner = newline + "  "
+        out.append("[" + inner)
+        for i, item in enumerate(value):
+            if i:
+                out.append("," + inner)
+            _json_into(item, quote, inner, out)
+        out.append(newline + "]")
+    elif isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        inner = newline + "  "
+        out.append("{" + inner)
+        for i, (key, item) in enumerate(value.items()):
+            if not isinstance(key, str):
+                raise _NotPlain
+            out.append(("," + inner if i else "") + quote(key) + ": ")
+            _json_into(item, quote, inner, out)
+        out.append(newline + "}")
+    else:  # floats, subclasses, anything json might treat specially
+        raise _NotPlain

@@ -1,31 +1,50 @@
 """Turn the shared stack selectors (argparse namespace) into a resolver ``Request``.
 
-Every user string is validated here, before anything is resolved or written.
+Every user string is validated here, before anything is resolved or written. On
+``envbuild resolve``'s start-up path (issue 2): no ``re``, no ``argparse`` import, and
+``Request`` (a dataclass) only when the typed API is asked for.
 """
 
 from __future__ import annotations
 
-import argparse
-import re
-from collections.abc import Mapping
-
-from envbuild.errors import UsageError
-from envbuild.gpus import GpuTarget, find_gpu, target_from_arch
-from envbuild.matrix import Matrix
-from envbuild.resolve import Request
 from envbuild.versions import DriverVersion, Requirement, parse_requirement
 
-_UBUNTU_RE = re.compile(r"\d{2}\.\d{2}")
-_VARIANT_RE = re.compile(r"cpu|default|cu\d{3,4}")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable, Mapping
+    from typing import Any, Protocol
+
+    from envbuild.candidates import Query
+    from envbuild.gpus import GpuTarget
+    from envbuild.resolve import Request
+
+    class HasRows(Protocol):
+        """A Matrix, or the resolver's index of one."""
+
+        def rows(self, relation: str) -> Iterable[Mapping[str, Any]]: ...
 
 
-def build_request(args: argparse.Namespace, matrix: Matrix, env: Mapping[str, str]) -> Request:
+def build_request(args: argparse.Namespace, matrix: HasRows, env: Mapping[str, str]) -> Request:
+    from envbuild.resolve import Request
+
+    return Request(**build_query(args, matrix, env).fields())
+
+
+def build_query(args: argparse.Namespace, matrix: HasRows, env: Mapping[str, str]) -> Query:
+    """``build_request``'s work, as the plain value the CLI's fast path resolves."""
+    from envbuild.candidates import Query
+
     driver = DriverVersion.parse(args.driver) if args.driver else None
     if driver is not None:
         check_known_branch(driver, matrix)
-    gpus = [find_gpu(matrix.rows("gpus"), name) for name in args.gpu]
-    gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
-             for arch in args.arch]
+    gpus: list[GpuTarget] = []
+    if args.gpu or args.arch:  # gpus.py (and re) only when a GPU is named
+        from envbuild.gpus import find_gpu, target_from_arch
+
+        gpus = [find_gpu(matrix.rows("gpus"), name) for name in args.gpu]
+        gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
+                 for arch in args.arch]
     if args.host:
         host_driver, host_gpus = host_targets(matrix, env)
         if driver is None:
@@ -33,7 +52,7 @@ def build_request(args: argparse.Namespace, matrix: Matrix, env: Mapping[str, st
         gpus += host_gpus
     if args.datacenter:
         gpus = [_as_datacenter(g) for g in gpus]
-    return Request(
+    return Query(
         driver=driver,
         gpus=tuple(gpus),
         torch=parse_requirement("torch", args.torch) if args.torch is not None else None,
@@ -47,20 +66,24 @@ def build_request(args: argparse.Namespace, matrix: Matrix, env: Mapping[str, st
     )
 
 
-def check_known_branch(driver: DriverVersion, matrix: Matrix) -> None:
+def check_known_branch(driver: DriverVersion, matrix: HasRows) -> None:
     """A branch newer than every driver the data knows is a typo or stale data."""
     branches = [DriverVersion.parse(r["min_driver"]).branch for r in matrix.rows("cuda_toolkits")]
     newest = max(branches, default=0)
     if newest and driver.branch > newest + 50:
+        from envbuild.errors import UsageError
+
         raise UsageError(
             f"unknown driver branch {driver.branch} (newest known: {newest})",
             hint="check the version, or run 'envbuild matrix refresh' for newer data",
         )
 
 
-def host_targets(matrix: Matrix, env: Mapping[str, str]) -> tuple[DriverVersion | None,
+def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion | None,
                                                                    list[GpuTarget]]:
     from envbuild import host
+    from envbuild.errors import UsageError
+    from envbuild.gpus import GpuTarget, find_gpu
 
     facts = host.probe_host(env)
     driver = DriverVersion.parse(facts.driver_version) if facts.driver_version else None
@@ -77,15 +100,19 @@ def host_targets(matrix: Matrix, env: Mapping[str, str]) -> tuple[DriverVersion 
 
 
 def _as_datacenter(gpu: GpuTarget) -> GpuTarget:
-    from dataclasses import replace
+    return gpu if gpu.datacenter else gpu.with_datacenter()
 
-    return gpu if gpu.datacenter else replace(gpu, datacenter=True)
+
+def _decimal(text: str, low: int, high: int) -> bool:
+    """``low`` to ``high`` decimal digits, as the regex ``\\d{low,high}`` matched them."""
+    return low <= len(text) <= high and text.isdecimal()
 
 
 def _python_requirement(text: str | None) -> Requirement | None:
     if text is None:
         return None
-    if re.fullmatch(r"3\.\d{1,2}t", text):  # a free-threaded build, matched by its name
+    if text.startswith("3.") and text.endswith("t") and _decimal(text[2:-1], 1, 2):
+        # A free-threaded build ("3.13t"), matched by its name.
         from packaging.specifiers import SpecifierSet
 
         return Requirement(kind="python", text=text, specifier=SpecifierSet(f"=={text[:-1]}.*"))
@@ -93,13 +120,19 @@ def _python_requirement(text: str | None) -> Requirement | None:
 
 
 def _ubuntu(text: str | None) -> str | None:
-    if text is not None and _UBUNTU_RE.fullmatch(text) is None:
+    if text is not None and not (len(text) == 5 and text[2] == "." and _decimal(text[:2], 2, 2)
+                                 and _decimal(text[3:], 2, 2)):
+        from envbuild.errors import UsageError
+
         raise UsageError(f"invalid Ubuntu release {text!r}", hint="write it as 22.04 or 24.04")
     return text
 
 
 def _variant(text: str | None) -> str | None:
-    if text is not None and _VARIANT_RE.fullmatch(text) is None:
+    if text is not None and not (text in ("cpu", "default")
+                                 or (text.startswith("cu") and _decimal(text[2:], 3, 4))):
+        from envbuild.errors import UsageError
+
         raise UsageError(f"invalid wheel variant {text!r}",
                          hint="write it as cu124, cpu or default")
     return text

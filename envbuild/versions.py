@@ -5,56 +5,70 @@ newest release of that branch (or minor), which is what a user typing ``--driver
 means. Component specifiers (``--torch``, ``--cuda`` …) become ``SpecifierSet``s; a
 bare version like ``2.3`` means "any 2.3.x", and the resolver always pins one exact
 release, so no wildcard reaches an output.
+
+This module is on ``envbuild resolve``'s start-up path (issue 2: resolve within 2x a bare
+interpreter), so it imports nothing at load: no ``re``, no ``dataclasses`` (whose
+``inspect`` import alone costs more than a resolve), and ``packaging`` only when a
+specifier is given. The two value classes are therefore written out by hand, with the
+frozen-dataclass behaviour they replace: keyword construction, equality, hashing, repr.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from functools import total_ordering
-from typing import TYPE_CHECKING
-
-from packaging.version import InvalidVersion, Version
-
-from envbuild.errors import UsageError
-
-if TYPE_CHECKING:  # specifiers compile a large grammar: imported only when one is given
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy reads these; at run time they would cost the imports above
     from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
-_DRIVER_RE = re.compile(r"(\d{3})(?:\.(\d{1,3})(?:\.(\d{1,3}))?)?")
+_VERSION_HINT = "give an exact version (2.4.1), a series (2.4) or a specifier (>=2.3,<2.5)"
 # Characters a version specifier can ever need; anything else (spaces, newlines,
 # quotes, ';', '$', Unicode separators) is rejected before packaging sees it.
-_VERSION_HINT = "give an exact version (2.4.1), a series (2.4) or a specifier (>=2.3,<2.5)"
-_SPEC_CHARS_RE = re.compile(r"[0-9A-Za-z.*,<>=!~+]+")
+_SPEC_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.*,<>=!~+")
 
 
-@total_ordering
-@dataclass(frozen=True, slots=True)
+def _usage(message: str, hint: str) -> Exception:
+    from envbuild.errors import UsageError  # errors imports typing: only on the error path
+
+    return UsageError(message, hint=hint)
+
+
+def _digits(text: str, low: int, high: int) -> bool:
+    """``low`` to ``high`` decimal digits (any script's, as the regex ``\\d`` allowed)."""
+    return low <= len(text) <= high and text.isdecimal()
+
+
+def _tail(parts: list[str]) -> tuple[int | None, int | None]:
+    minor = int(parts[1]) if len(parts) > 1 else None
+    patch = int(parts[2]) if len(parts) > 2 else None
+    return minor, patch
+
+
 class DriverVersion:
     """An NVIDIA Linux driver version; ``minor``/``patch`` are None when not given."""
 
+    __slots__ = ("branch", "minor", "parts", "patch")
     branch: int
-    minor: int | None = None
-    patch: int | None = None
+    minor: int | None
+    patch: int | None
+    parts: tuple[int, ...]  # the components given; computed once, the resolver compares often
+
+    def __init__(self, branch: int, minor: int | None = None, patch: int | None = None) -> None:
+        object.__setattr__(self, "branch", branch)
+        object.__setattr__(self, "minor", minor)
+        object.__setattr__(self, "patch", patch)
+        object.__setattr__(self, "parts", tuple(p for p in (branch, minor, patch) if p is not None))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")  # frozen, like the dataclass was
 
     @classmethod
     def parse(cls, text: str) -> DriverVersion:
-        match = _DRIVER_RE.fullmatch(text)
-        if match is None:
-            raise UsageError(
-                f"invalid driver version {text!r}",
-                hint="give the NVIDIA driver as 550, 550.54 or 550.54.15",
-            )
-        branch, minor, patch = match.groups()
-        return cls(
-            int(branch),
-            int(minor) if minor is not None else None,
-            int(patch) if patch is not None else None,
-        )
-
-    @property
-    def parts(self) -> tuple[int, ...]:
-        return tuple(p for p in (self.branch, self.minor, self.patch) if p is not None)
+        parts = text.split(".")
+        if not (len(parts) <= 3 and _digits(parts[0], 3, 3)
+                and all(_digits(p, 1, 3) for p in parts[1:])):
+            raise _usage(f"invalid driver version {text!r}",
+                         "give the NVIDIA driver as 550, 550.54 or 550.54.15")
+        return cls(int(parts[0]), *_tail(parts))
 
     def satisfies(self, minimum: DriverVersion) -> bool:
         """True when this driver is at least ``minimum``.
@@ -65,10 +79,40 @@ class DriverVersion:
         mine = self.parts
         return mine >= minimum.parts[: len(mine)]
 
+    def _key(self) -> tuple[int | None, ...]:
+        return (self.branch, self.minor, self.patch)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DriverVersion):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, DriverVersion):
             return NotImplemented
         return self.parts < other.parts
+
+    # As functools.total_ordering derived them from __lt__ and the field-wise __eq__.
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, DriverVersion):
+            return NotImplemented
+        return not self < other and self != other
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, DriverVersion):
+            return NotImplemented
+        return self < other or self == other
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, DriverVersion):
+            return NotImplemented
+        return not self < other
+
+    def __repr__(self) -> str:
+        return f"DriverVersion(branch={self.branch!r}, minor={self.minor!r}, patch={self.patch!r})"
 
     def __str__(self) -> str:
         return ".".join(str(p) for p in self.parts)
@@ -85,14 +129,15 @@ class DriverVersion:
 
 def parse_version(kind: str, text: str) -> Version:
     """An exact version (data files and pins); a clear error for anything else."""
+    from packaging.version import InvalidVersion, Version
+
     _reject_odd_characters(kind, text)
     try:
         return Version(text)
     except InvalidVersion:
-        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT) from None
+        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Requirement:
     """A user's constraint on one component: a specifier plus an optional local tag.
 
@@ -100,12 +145,39 @@ class Requirement:
     versions cannot carry meaning inside a ``SpecifierSet``.
     """
 
+    __slots__ = ("kind", "local", "specifier", "text")
     kind: str
     text: str
     specifier: SpecifierSet
-    local: str | None = None
+    local: str | None
+
+    def __init__(self, *, kind: str, text: str, specifier: SpecifierSet, local: str | None = None) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "specifier", specifier)
+        object.__setattr__(self, "local", local)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.kind, self.text, self.specifier, self.local)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Requirement):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Requirement(kind={self.kind!r}, text={self.text!r}, "
+                f"specifier={self.specifier!r}, local={self.local!r})")
 
     def admits(self, version: Version | str) -> bool:
+        from packaging.version import Version
+
         value = version if isinstance(version, Version) else Version(version)
         return self.specifier.contains(value, prereleases=True)
 
@@ -123,28 +195,26 @@ def parse_requirement(kind: str, text: str) -> Requirement:
     try:
         spec = SpecifierSet(text)
     except InvalidSpecifier:
-        raise UsageError(
-            f"invalid {kind} version {text!r}",
-            hint=_VERSION_HINT,
-        ) from None
+        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
     if any(s.version.endswith(".*") and s.operator not in ("==", "!=") for s in spec):
-        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT)
+        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
     return Requirement(kind=kind, text=text, specifier=spec)
 
 
 def _bare_version_requirement(kind: str, text: str) -> Requirement:
     from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
 
     if text.endswith(".*"):  # "2.3.*" is the same series as "2.3"
         text = text[:-2]
         if "*" in text:
-            raise UsageError(f"invalid {kind} version {text + '.*'!r}", hint=_VERSION_HINT)
+            raise _usage(f"invalid {kind} version {text + '.*'!r}", _VERSION_HINT)
     try:
         version = Version(text)
     except InvalidVersion:
-        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT) from None
+        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
     if version.local is not None and text.count("+") != 1:
-        raise UsageError(f"invalid {kind} version {text!r}", hint=_VERSION_HINT)
+        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
     public = version.public
     # "2.3" (or Python "3.11") names a series; three components name one release.
     spec = SpecifierSet(f"=={public}.*" if len(version.release) < 3 else f"=={public}")
@@ -152,10 +222,10 @@ def _bare_version_requirement(kind: str, text: str) -> Requirement:
 
 
 def _reject_odd_characters(kind: str, text: str) -> None:
-    if not text or _SPEC_CHARS_RE.fullmatch(text) is None:
-        raise UsageError(
+    if not text or not _SPEC_CHARS.issuperset(text):
+        raise _usage(
             f"invalid {kind} version {text!r}",
-            hint="only digits, letters, '.', '*', ',', '+' and comparison operators are allowed",
+            "only digits, letters, '.', '*', ',', '+' and comparison operators are allowed",
         )
 
 
