@@ -9,12 +9,22 @@ hand-edited lock cannot inject an instruction either.
 Format (schema 1, JSON object, keys sorted):
   schema            1
   stack             the resolver's Stack fields (see ``envbuild.resolve.Stack``)
-  packages          exact pins: {"torch": "2.4.1+cu121", "torchvision": ..., "torchaudio": ...}
+  packages          exact pins: {"torch": "2.4.1+cu121", "torchvision": ..., "torchaudio": ...};
+                    with the package index's default wheel also its nvidia-* Requires-Dist pins
+                    for the stack's Python ({"nvidia-cudnn-cu12": "9.1.0.70", ...})
   index_url         the wheel index torch is installed from; null = pip's configured index
   base_image        the FROM reference (tag, and ``@sha256:...`` when given)
   base_digest       the digest part of base_image, or null
   flavor            runtime | devel
-  python_provision  "distro" (Ubuntu's python3 is the stack's Python) | "standalone"
+  python_provision  "distro" (Ubuntu's python3 is the stack's Python) | "standalone" |
+                    "base" (a --base-image's own python3, checked against the stack's at build time)
+  companions        false when only torch is installed (--no-companions); absent = true
+  layers            optional: [{"name": "torch", "bytes": N, "source": "wheel sizes",
+                    "wheels": {pin name: bytes}}], the torch install step's size estimated from
+                    the wheel files' sizes (matrices/torch_wheels.yaml). Compressed wheel sizes:
+                    a lower bound of the installed size (unpacked files are larger; unpinned
+                    dependencies such as triton are not counted). Absent: sizes unknown (wheels
+                    from PyTorch's own index, whose sizes are not recorded).
   python_standalone {"url": ..., "sha256": ...} for standalone, else null
   matrices_digest   sha256 over the compatibility data the stack was resolved from
   apt_packages, pip_packages, env, user   the extra render options
@@ -32,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import UsageError
-from envbuild.matrix import Matrix
-from envbuild.resolve import Stack
+from envbuild.matrix import Matrix, Row
+from envbuild.resolve import PYTORCH_INDEX, Stack
 
 SCHEMA = 1
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
@@ -42,7 +52,10 @@ _LOCAL_RE = re.compile(r"cpu|cu[0-9]{3,4}|rocm[0-9.]+", re.ASCII)
 _VARIANT_RE = re.compile(r"cpu|default|cu[0-9]{3,4}", re.ASCII)
 _UBUNTU_RE = re.compile(r"[0-9]{2}\.[0-9]{2}", re.ASCII)
 _PYTHON_RE = re.compile(r"3\.[0-9]{1,2}t?", re.ASCII)
-_ARCH_RE = re.compile(r"sm_[0-9]{2,3}[a-z]?|compute_[0-9]{2,3}[a-z]?", re.ASCII)
+_NVIDIA_RE = re.compile(r"nvidia-[a-z0-9][a-z0-9._-]*", re.ASCII)
+_LAYER_RE = re.compile(r"[a-z][a-z0-9-]{0,31}", re.ASCII)
+LAYER_SOURCE = "wheel sizes"
+_ARCH_RE = re.compile(r"(?:sm|compute)_[0-9]{2,3}[a-z]?(?:\+PTX)?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +67,20 @@ class Standalone:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Layer:
+    """One image layer's expected size: the sum of the wheel files it installs (a lower bound)."""
+
+    name: str
+    bytes: int
+    wheels: Mapping[str, int]
+    source: str = LAYER_SOURCE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "source": self.source,
+                "wheels": dict(sorted(self.wheels.items()))}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Lock:
     stack: Stack
     packages: Mapping[str, str]
@@ -61,13 +88,15 @@ class Lock:
     base_image: str
     base_digest: str | None
     flavor: str
-    python_provision: str  # "distro" | "standalone"
+    python_provision: str  # "distro" | "standalone" | "base"
     python_standalone: Standalone | None
     matrices_digest: str
     apt_packages: tuple[str, ...] = ()
     pip_packages: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     user: str = "envbuild"
+    companions: bool = True
+    layers: tuple[Layer, ...] = ()
 
     def to_json(self) -> str:
         data = {
@@ -87,6 +116,10 @@ class Lock:
             "env": [[k, v] for k, v in self.env],
             "user": self.user,
         }
+        if not self.companions:  # absent when true, so locks written before it read the same
+            data["companions"] = False
+        if self.layers:  # absent when unknown, so locks written before it read the same
+            data["layers"] = [layer.to_json() for layer in self.layers]
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
@@ -98,13 +131,47 @@ def distro_python(matrix: Matrix, ubuntu: str) -> str | None:
     return None
 
 
-def pins(stack: Stack) -> dict[str, str]:
+def pins(stack: Stack, *, companions: bool = True) -> dict[str, str]:
     """Exact pins. Wheels from PyTorch's own indexes carry the variant as a local tag
-    (2.4.1+cu121); the package index's default wheel (no stack index) carries none."""
+    (2.4.1+cu121); the package index's default wheel (no stack index) carries none.
+    ``companions=False``: torch alone, for images that need neither torchvision nor torchaudio."""
     local = "" if stack.index_url is None or stack.variant == "default" else f"+{stack.variant}"
-    versions = {"torch": stack.torch, "torchvision": stack.torchvision,
-                "torchaudio": stack.torchaudio}
+    versions = {"torch": stack.torch, "torchvision": stack.torchvision if companions else None,
+                "torchaudio": stack.torchaudio if companions else None}
     return {name: f"{v}{local}" for name, v in versions.items() if v is not None}
+
+
+def from_package_index(stack: Stack) -> bool:
+    """True when torch comes from a package index's default wheel, not PyTorch's own index."""
+    return stack.index_url is None or not stack.index_url.startswith(PYTORCH_INDEX)
+
+
+def wheel_row(stack: Stack, matrix: Matrix) -> Row | None:
+    """The torch_wheels row of the stack's default wheel (torch release × CPython), if any."""
+    if stack.variant == "cpu" or not from_package_index(stack):
+        return None
+    pypi = next((r for r in matrix.rows("torch_pypi") if r["torch"] == stack.torch), None)
+    if pypi is None or stack.variant not in ("default", pypi["default_variant"]):
+        return None
+    return next((r for r in matrix.rows("torch_wheels")
+                 if r["torch"] == stack.torch and r["python"] == stack.python), None)
+
+
+def nvidia_pins(row: Row | None) -> dict[str, str]:
+    """The default wheel's exact nvidia-* pins, as its METADATA writes them."""
+    return {} if row is None else {str(k): str(v) for k, v in sorted(row["nvidia"].items())}
+
+
+def layers(row: Row | None, packages: Mapping[str, str]) -> tuple[Layer, ...]:
+    """The torch install step's size from the wheel sizes of every pin whose size is known."""
+    if row is None:
+        return ()
+    known = {"torch": row["bytes"], **row["nvidia_bytes"]}
+    for companion in ("torchvision", "torchaudio"):
+        if f"{companion}_bytes" in row:
+            known[companion] = row[f"{companion}_bytes"]
+    wheels = {name: int(known[name]) for name in packages if name in known}
+    return (Layer(name="torch", bytes=sum(wheels.values()), wheels=wheels),)
 
 
 def make_lock(
@@ -118,20 +185,28 @@ def make_lock(
     pip_packages: Sequence[str] = (),
     env: Sequence[tuple[str, str]] = (),
     user: str = "envbuild",
+    companions: bool = True,
 ) -> Lock:
     """Validate the options and freeze them with ``stack`` (overrides win over the stack)."""
     image = check_image_reference(base_image if base_image is not None else stack.base_image,
                                    "--base-image")
     provision = "distro" if distro_python(matrix, stack.ubuntu) == stack.python else "standalone"
+    if provision == "standalone" and python_standalone is None and base_image is not None \
+            and not stack.python.endswith("t"):
+        # A mirror or private base: its own python3 may well be the stack's (the build checks
+        # it and stops with a clear message when it is not).
+        provision = "base"
     if provision == "standalone" and python_standalone is None:
         raise UsageError(
             f"Python {stack.python} is not Ubuntu {stack.ubuntu}'s python3, and no standalone "
             "build was given",
             hint="pass --python-url URL --python-sha256 HEX (a python-build-standalone "
                  "install_only tarball for this Python), or choose the distro's --python")
+    row = wheel_row(stack, matrix)
+    packages = {**pins(stack, companions=companions), **nvidia_pins(row)}
     lock = Lock(
         stack=stack,
-        packages=pins(stack),
+        packages=packages,
         index_url=index_url if index_url is not None else stack.index_url,
         base_image=image,
         base_digest=image.split("@", 1)[1] if "@" in image else None,
@@ -143,9 +218,62 @@ def make_lock(
         pip_packages=tuple(sorted(set(pip_packages))),
         env=tuple(sorted(dict(env).items())),
         user=user,
+        companions=companions,
+        layers=layers(row, packages),
     )
     check_lock(lock)
     return lock
+
+
+# nvidia/cuda tag flavours and what each adds over ``base`` (NVIDIA's image descriptions:
+# runtime = base + the CUDA math libraries and NCCL; devel = runtime + headers and tools;
+# a cudnn tag adds cuDNN).
+_RUNTIME_LIBS = ("cublas", "cufft", "curand", "cusolver", "cusparse", "nccl")
+
+
+def duplicate_cuda(lock: Lock) -> list[str]:
+    """Warnings for a base image that ships CUDA libraries the torch wheels bring again.
+
+    A CUDA torch wheel carries cuBLAS, cuDNN and NCCL (as nvidia-* packages, or inside the
+    wheel for older PyTorch-index builds), so a cudnn/runtime/devel base image under it holds
+    the same libraries twice. The resolver picks a *base* image; this catches overrides.
+    A devel image is wanted for the devel flavour (building extensions), so only a devel
+    base under a runtime lock is reported."""
+    s = lock.stack
+    if s.cuda is None:
+        return []  # CPU wheels carry no CUDA libraries
+    reference = lock.base_image.split("@", 1)[0]
+    name, _, tag = reference.rpartition(":") if ":" in reference.rsplit("/", 1)[-1] \
+        else (reference, "", "")
+    words = set(re.split(r"[^a-z0-9]+", f"{name.rsplit('/', 1)[-1]} {tag}".lower()))
+    nvidia = sorted(k for k in lock.packages if _NVIDIA_RE.fullmatch(k))
+    sizes = {k: v for layer in lock.layers for k, v in layer.wheels.items()}
+    warnings: list[str] = []
+
+    def carried(libraries: Sequence[str], fallback: str) -> str:
+        names = [n for n in nvidia if any(n.startswith(f"nvidia-{lib}") for lib in libraries)]
+        if not names:
+            return fallback
+        total = sum(sizes.get(n, 0) for n in names)
+        size = f", {total / 1e6:.0f} MB of wheels" if total else ""
+        return f"{', '.join(names)}{size}"
+
+    image = f"base image {lock.base_image}"
+    fix = (f"use a CUDA *base* image or plain Ubuntu (the resolver's choice was "
+           f"{s.base_image})")
+    if any(w.startswith("cudnn") for w in words):
+        what = carried(("cudnn",), f"cuDNN {s.cudnn}" if s.cudnn else "cuDNN")
+        warnings.append(f"{image} ships cuDNN and the torch wheels bring it again "
+                        f"({what}): the same libraries twice; {fix}")
+    if "devel" in words and lock.flavor != "devel":
+        warnings.append(f"{image} is a devel image (toolkit, headers, math libraries) under "
+                        f"a runtime lock whose wheels bring their own CUDA libraries "
+                        f"({carried(_RUNTIME_LIBS, 'inside the torch wheel')}); {fix}")
+    elif "runtime" in words:
+        warnings.append(f"{image} ships the CUDA math libraries and NCCL, and the torch "
+                        f"wheels bring them again "
+                        f"({carried(_RUNTIME_LIBS, 'inside the torch wheel')}); {fix}")
+    return warnings
 
 
 def check_lock(lock: Lock) -> None:
@@ -168,14 +296,19 @@ def check_lock(lock: Lock) -> None:
         raise UsageError(f"invalid flavor {lock.flavor!r} in the lock")
     if s.compat not in (None, "native", "minor-version", "forward"):
         raise UsageError(f"invalid compat {s.compat!r} in the lock")
-    if lock.python_provision not in ("distro", "standalone") or (
+    if lock.python_provision not in ("distro", "standalone", "base") or (
             (lock.python_provision == "standalone") != (lock.python_standalone is not None)):
         raise UsageError("invalid python_provision in the lock")
     if lock.python_standalone is not None:
         check_url(lock.python_standalone.url, "--python-url")
         check_sha256(lock.python_standalone.sha256, "--python-sha256")
-    if lock.packages != pins(s):
+    torch_pins = pins(s, companions=lock.companions)
+    extra = {k: v for k, v in lock.packages.items() if k not in torch_pins}
+    if {k: lock.packages.get(k) for k in torch_pins} != torch_pins or any(
+            not _NVIDIA_RE.fullmatch(k) or not _VERSION_RE.fullmatch(v) for k, v in extra.items()):
         raise UsageError("lock packages do not match its stack", hint="re-create the lock")
+    for layer in lock.layers:
+        check_layer(layer, lock.packages)
     check_image_reference(lock.base_image, "base_image")
     if lock.base_digest != (lock.base_image.split("@", 1)[1] if "@" in lock.base_image else None):
         raise UsageError("lock base_digest does not match base_image")
@@ -185,11 +318,26 @@ def check_lock(lock: Lock) -> None:
         raise UsageError("invalid matrices_digest in the lock")
     for apt in lock.apt_packages:
         check_debian_package(apt, "--apt-package")
+    pinned = {re.sub(r"[-_.]+", "-", name).lower() for name in lock.packages}
     for pip in lock.pip_packages:
         check_pip_requirement(pip, "--pip-package")
+        # A later pip install of a pinned nvidia-* library would change what the lock records.
+        if re.sub(r"[-_.]+", "-", pip.split("==")[0]).lower() in pinned:
+            raise UsageError(f"--pip-package {pip!r} would override the lock's own pin",
+                             hint="the stack pins it already; drop the --pip-package")
     for key, value in lock.env:
         check_env_pair(f"{key}={value}", "--env")
     check_user_name(lock.user, "--user")
+
+
+def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
+    """A layer entry: a plain name, its wheels among the pins, sizes that add up."""
+    sizes = list(layer.wheels.values())
+    if not _LAYER_RE.fullmatch(layer.name) or layer.source != LAYER_SOURCE \
+            or not set(layer.wheels) <= set(packages) \
+            or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in sizes) \
+            or layer.bytes != sum(sizes):
+        raise UsageError(f"invalid layer {layer.name!r} in the lock", hint="re-create the lock")
 
 
 def _match(pattern: re.Pattern[str], value: str, name: str) -> None:
@@ -239,12 +387,22 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         pip_packages=tuple(_strings(data["pip_packages"])),
         env=tuple((str(k), str(v)) for k, v in env),
         user=str(data["user"]),
+        companions=data.get("companions", True) is not False,
+        layers=tuple(_layer(raw) for raw in data.get("layers", [])),
     )
     for name, value in (("torch", stack.torch), ("variant", stack.variant),
                         ("python", stack.python), ("ubuntu", stack.ubuntu)):
         if not isinstance(value, str):
             raise UsageError(f"lock stack {name} must be a string")
     return lock
+
+
+def _layer(raw: Any) -> Layer:
+    if not isinstance(raw, dict) or set(raw) != {"name", "bytes", "source", "wheels"} \
+            or not isinstance(raw["wheels"], dict):
+        raise UsageError("lock 'layers' entries need name, bytes, source and wheels")
+    return Layer(name=str(raw["name"]), bytes=raw["bytes"], source=str(raw["source"]),
+                 wheels={str(k): v for k, v in raw["wheels"].items()})
 
 
 def _strings(value: Any) -> list[str]:

@@ -62,6 +62,23 @@ def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
 
 
+def _name_map(value: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    """A mapping from non-empty names to values that pass ``value``."""
+
+    def check(v: Any) -> str | None:
+        if not isinstance(v, dict) or not all(isinstance(k, str) and k for k in v):
+            return f"must be a mapping from names, got {v!r}"
+        errors = [f"{k}: {e}" for k, x in v.items() if (e := value(x))]
+        return errors[0] if errors else None
+
+    return check
+
+
+def _size(v: Any) -> str | None:
+    ok = isinstance(v, int) and not isinstance(v, bool) and v > 0
+    return None if ok else f"must be a positive integer (bytes), got {v!r}"
+
+
 def _str_map(v: Any) -> str | None:
     ok = isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
     return None if ok else f"must map strings to strings, got {v!r}"
@@ -149,6 +166,21 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "cuda_runtime": (VERSION, False),
         "cudnn": (VERSION, False),
         "nccl": (VERSION, False),
+    },
+    "torch_wheels": {
+        "torch": (VERSION, True),
+        "python": (PYTHON, True),
+        "platform_tag": (_text, True),
+        "bytes": (_size, True),
+        "nvidia": (_name_map(VERSION), True),
+        "nvidia_bytes": (_name_map(_size), True),
+        "cuda_toolkit": (VERSION, False),
+        "cuda_toolkit_extras": (_list_of(_text), False),
+        "torchvision": (VERSION, False),
+        "torchvision_bytes": (_size, False),
+        "torchaudio": (VERSION, False),
+        "torchaudio_bytes": (_size, False),
+        "files": (_name_map(_source), True),
     },
     "torch_companions": {
         "torch": (VERSION, True),
@@ -252,6 +284,11 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           == "cpu" or (r["torch"], r["default_variant"]) in variants else
           f"default variant {r['default_variant']} of torch {r['torch']} is not in "
           "torch_variants.yaml")
+    on_index = {r["torch"] for r in relations.get("torch_pypi", ())}
+    check("torch_wheels", lambda r: None if r["torch"] in on_index else
+          f"torch {r['torch']} is not in torch_pypi.yaml")
+    check("torch_wheels", lambda r: None if set(r["nvidia_bytes"]) <= set(r["nvidia"]) else
+          "nvidia_bytes names a package that nvidia does not pin")
     problems.extend(_duplicate_keys(relations))
     return problems
 
@@ -265,6 +302,7 @@ _KEYS = {
     "gpu_peaks": ("name",),
     "torch_variants": ("torch", "variant"),
     "torch_pypi": ("torch",),
+    "torch_wheels": ("torch", "python"),
     "torch_companions": ("torch",),
     "cuda_images": ("cuda", "ubuntu"),
     "ubuntu_python": ("ubuntu",),
