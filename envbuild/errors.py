@@ -17,11 +17,11 @@ class EnvbuildError(Exception):
     name: ClassVar[str] = "internal"
     exit_code: ClassVar[int] = 1
 
-    def __init__(self, message: str, *, hint: str = "") -> None:
+    def __init__(self, message: str, *, hint: str = "", details: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
-        self.details: tuple[str, ...] = ()
+        self.details: tuple[str, ...] = tuple(details)
 
     def with_details(self, details: Sequence[str]) -> EnvbuildError:
         """Attach the full list behind a summarised message (shown with --explain/--debug)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -41,7 +42,15 @@ if TYPE_CHECKING:
     import jinja2
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
+PEAKS_NAME = "smoke_peaks.json"
+WHEELHOUSE_DIR = "wheelhouse"
 _MAX_CA_BYTES = 4 * 1024 * 1024
+# A wheel file name (PEP 427) with nothing a shell or a Dockerfile could read as syntax.
+_WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
+                            r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
+
+# A rendered file's content: bytes, or a path to copy as is (large wheels are not read in).
+FileData = bytes | Path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +65,8 @@ class RenderOptions:
     pip_packages: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     user: str = "envbuild"
+    wheelhouse: tuple[Path, ...] = ()  # the wheels of --wheelhouse DIR, sorted by name
+    companions: bool = True
 
 
 def parse_options(
@@ -69,6 +80,8 @@ def parse_options(
     pip_packages: Sequence[str] = (),
     env: Sequence[str] = (),
     user: str = "envbuild",
+    wheelhouse: str | None = None,
+    companions: bool = True,
 ) -> RenderOptions:
     """Validate raw user strings into RenderOptions; UsageError names the bad field."""
     if (python_url is None) != (python_sha256 is None):
@@ -86,14 +99,46 @@ def parse_options(
         pip_packages=tuple(check_pip_requirement(p, "--pip-package") for p in pip_packages),
         env=tuple(check_env_pair(pair, "--env") for pair in env),
         user=check_user_name(user, "--user"),
+        wheelhouse=() if wheelhouse is None else _wheels(wheelhouse),
+        companions=companions,
     )
+
+
+def _wheels(text: str) -> tuple[Path, ...]:
+    """The ``*.whl`` files of a --wheelhouse directory; other files are not copied."""
+    directory = Path(text)
+    if not directory.is_dir():
+        raise UsageError(f"--wheelhouse {text!r} is not a directory")
+    wheels = sorted(p for p in directory.iterdir() if p.name.endswith(".whl") and p.is_file())
+    if not wheels:
+        raise UsageError(f"--wheelhouse {text!r} holds no .whl files")
+    for wheel in wheels:
+        if not _WHEEL_NAME_RE.fullmatch(wheel.name):
+            raise UsageError(f"--wheelhouse: {wheel.name!r} is not a wheel file name")
+    return tuple(wheels)
+
+
+def wheelhouse_covers(wheels: Sequence[Path], packages: Mapping[str, str], python: str) -> bool:
+    """True when every pin has a wheel in the wheelhouse for the stack's CPython."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    have: set[tuple[str, str]] = set()
+    interpreter = "cp" + python.replace(".", "").rstrip("t")
+    for wheel in wheels:
+        try:
+            name, version, _, tags = parse_wheel_filename(wheel.name)
+        except InvalidWheelFilename:
+            continue
+        if any(t.interpreter in (interpreter, "py3") for t in tags):
+            have.add((str(name), str(version)))
+    return all((canonicalize_name(n), v) in have for n, v in packages.items())
 
 
 def lock_for(stack: Stack, matrix: Matrix, options: RenderOptions) -> Lock:
     return make_lock(stack, matrix, base_image=options.base_image, index_url=options.index_url,
                      python_standalone=options.python_standalone,
                      apt_packages=options.apt_packages, pip_packages=options.pip_packages,
-                     env=options.env, user=options.user)
+                     env=options.env, user=options.user, companions=options.companions)
 
 
 def _ca_path(text: str) -> Path:
@@ -102,6 +147,8 @@ def _ca_path(text: str) -> Path:
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read --ca-bundle {text!r}: {exc.strerror}") from None
+    except ValueError:  # a NUL in the path
+        raise UsageError(f"--ca-bundle {text!r} is not a usable path") from None
     if len(data) > _MAX_CA_BYTES or b"-----BEGIN CERTIFICATE-----" not in data:
         raise UsageError(f"--ca-bundle {text!r} is not a PEM certificate bundle")
     return path
@@ -188,9 +235,17 @@ def labels(lock: Lock) -> list[tuple[str, str]]:
     return [(key, quote(values[key])) for key in sorted(values)]
 
 
-def context(lock: Lock, *, ca_bundle: bool) -> dict[str, Any]:
+def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
+            peaks: bool = False) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
+    index_url = lock.index_url
+    if wheelhouse and index_url == s.index_url and \
+            wheelhouse_covers(wheelhouse, lock.packages, s.python):
+        # Every pin is in the wheelhouse and no --index-url was given: the variant's index
+        # would only be asked for the pins' pure-Python dependencies, which pip's configured
+        # index serves as well (an air-gapped build points that at its mirror).
+        index_url = None
     apt = {"ca-certificates"} | ({"curl"} if standalone else {"python3", "python3-venv"})
     return {
         "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
@@ -205,25 +260,38 @@ def context(lock: Lock, *, ca_bundle: bool) -> dict[str, Any]:
         "apt_packages": sorted(apt | set(lock.apt_packages)),
         "python_standalone": standalone,
         "pins": [f"{name}=={lock.packages[name]}" for name in sorted(lock.packages)],
-        "index_url": lock.index_url,
+        "index_url": index_url,
+        "wheelhouse": bool(wheelhouse),
+        "peaks": peaks,
+        "python_provision": lock.python_provision,
         "pip_packages": sorted(lock.pip_packages),
         "env": [(key, quote(value)) for key, value in sorted(lock.env)],
         "user": lock.user,
     }
 
 
-def render_docker(lock: Lock, options: RenderOptions) -> dict[str, bytes]:
-    """The build context: Dockerfile, envbuild.lock, smoke.py, .dockerignore (+ CA bundle)."""
-    files: dict[str, bytes] = {}
+def render_docker(lock: Lock, options: RenderOptions, *,
+                  peaks: bytes | None = None) -> dict[str, FileData]:
+    """The build context: Dockerfile, envbuild.lock, smoke.py (and its GPU peak table),
+    .dockerignore, plus the CA bundle and the wheelhouse's wheels when given. Wheels are
+    returned as paths (copied, never read into memory)."""
+    if not lock.companions and options.companions:
+        options = replace(options, companions=False)
+    files: dict[str, FileData] = {}
     if options.ca_bundle is not None:
         files[CA_BUNDLE_NAME] = _ca_path(str(options.ca_bundle)).read_bytes()
     text = environment().get_template("Dockerfile.j2").render(
-        context(lock, ca_bundle=options.ca_bundle is not None))
+        context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=options.wheelhouse,
+                peaks=peaks is not None))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = lock.to_json().encode("utf-8")
     files["smoke.py"] = (Path(__file__).resolve().parent / "smoke.py").read_bytes()
+    if peaks is not None:
+        files[PEAKS_NAME] = peaks
+    for wheel in options.wheelhouse:
+        files[f"{WHEELHOUSE_DIR}/{wheel.name}"] = wheel
     # Only what the Dockerfile copies goes to the daemon.
-    keep = sorted(n for n in files if n != "Dockerfile")
+    keep = sorted({n.split("/")[0] for n in files if n != "Dockerfile"})
     files[".dockerignore"] = ("*\n" + "".join(f"!{n}\n" for n in keep)).encode("utf-8")
     return dict(sorted(files.items()))
 
@@ -231,7 +299,7 @@ def render_docker(lock: Lock, options: RenderOptions) -> dict[str, bytes]:
 # --- output -----------------------------------------------------------------------------
 
 
-def write_output(files: Mapping[str, bytes], out_dir: Path, *, force: bool) -> None:
+def write_output(files: Mapping[str, FileData], out_dir: Path, *, force: bool) -> None:
     """Write ``files`` into ``out_dir`` atomically: a complete new directory or nothing.
 
     Refuses a non-empty ``out_dir`` unless ``force``; then the old directory is replaced
@@ -249,7 +317,12 @@ def write_output(files: Mapping[str, bytes], out_dir: Path, *, force: bool) -> N
         raise UsageError(f"cannot write to {parent}: {exc.strerror}") from None
     try:
         for name, data in files.items():
-            (tmp / name).write_bytes(data)
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(data, Path):
+                shutil.copyfile(data, target)
+            else:
+                target.write_bytes(data)
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would surprise whoever builds from it
         _swap_in(tmp, out_dir.resolve())
     except BaseException:
@@ -291,11 +364,13 @@ def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser
     d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
     add_selectors(d)
     _add_render_options(d)
-    d.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
-    d.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
+    add_context_options(d)
     d.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     d.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     d.set_defaults(run=cmd_render_docker)
+    from envbuild import script  # render script / cloud-init: the same selectors and options
+
+    script.add_targets(sub, add_selectors, _add_render_options)
 
 
 def _add_render_options(p: argparse.ArgumentParser) -> None:
@@ -308,21 +383,30 @@ def _add_render_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--user", default="envbuild", help="the image's unprivileged user")
+    g.add_argument("--no-companions", dest="companions", action="store_false",
+                   help="install torch alone, without torchvision and torchaudio")
+
+
+def add_context_options(p: argparse.ArgumentParser) -> None:
+    """Options that shape the build context but not the lock (render docker, build)."""
+    p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+    p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
+    p.add_argument("--wheelhouse", metavar="DIR",
+                   help="wheels copied into the context and preferred (air-gapped builds)")
 
 
 def _options(args: argparse.Namespace, env: Mapping[str, str]) -> RenderOptions:
     # The torch index comes from the stack; --index-url / $PIP_INDEX_URL only replace it
     # for the 'default' variant, where the stack has none (it means pip's configured index).
     return parse_options(
-        base_image=args.base_image, index_url=None,
+        base_image=args.base_image, index_url=args.index_url,
         python_url=args.python_url, python_sha256=args.python_sha256,
         ca_bundle=getattr(args, "ca_bundle", None), apt_packages=args.apt_package,
-        pip_packages=args.pip_package, env=args.env, user=args.user)
+        pip_packages=args.pip_package, env=args.env, user=args.user,
+        wheelhouse=getattr(args, "wheelhouse", None), companions=args.companions)
 
 
 def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
-    from dataclasses import replace
-
     from envbuild.resolve import explain_failure, resolve
     from envbuild.selection import build_request
 
@@ -332,16 +416,27 @@ def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
     if not resolution.stacks:
         raise explain_failure(request, matrix, resolution)
     stack = resolution.stacks[0]
-    index = stack.index_url or request.package_index
+    index = options.index_url or stack.index_url or request.package_index
     if index is not None:
         options = replace(options, index_url=check_url(index, "--index-url"))
     return lock_for(stack, matrix, options)
+
+
+def _warn_duplicate_cuda(lock: Lock) -> None:
+    """The same CUDA libraries in the base image and the wheels: worth a line, not a failure."""
+    import sys
+
+    from envbuild.lock import duplicate_cuda
+
+    for warning in duplicate_cuda(lock):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     from envbuild.cli import load_matrix
 
     lock = resolve_lock(args, env, load_matrix(args, env))
+    _warn_duplicate_cuda(lock)
     path = Path(args.output)
     if not path.parent.resolve().is_dir():
         raise UsageError(f"directory of {path} does not exist")
@@ -350,18 +445,26 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     return 0
 
 
-def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
+    """The lock (read or resolved) and the build context's files, for render docker and build."""
     from envbuild.cli import load_matrix
+    from envbuild.peaks import peaks_json
 
     matrix = load_matrix(args, env)
     options = _options(args, env)
     if args.lock and (args.base_image or args.python_url or args.apt_package or args.pip_package
-                      or args.env or args.user != "envbuild"):
+                      or args.env or args.user != "envbuild" or args.index_url
+                      or not args.companions):
         # A lock is the whole recipe: options silently dropped would surprise the user.
         raise UsageError("image options cannot be combined with --lock",
                          hint="pass them to 'envbuild lock' instead")
     lock = read_lock(Path(args.lock)) if args.lock else resolve_lock(args, env, matrix)
-    files = render_docker(lock, options)
+    return lock, render_docker(lock, options, peaks=peaks_json(matrix))
+
+
+def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    lock, files = render_context(args, env)
+    _warn_duplicate_cuda(lock)
     write_output(files, Path(args.output), force=args.force)
     out(f"wrote {args.output}/ ({', '.join(files)})")
     return 0

@@ -52,8 +52,14 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # minor-version stack needing a standalone Python (22.04 ships 3.10)
     "driver550-py312": ({"driver": d("550"), "python": parse_requirement("python", "3.12")},
                         {"python_url": PY_URL, "python_sha256": SHA}),
-    # Kepler K80 on driver 470: cu118 on Ubuntu 20.04
-    "k80-cu118": ({"driver": d("470"), "gpus": ("K80",)}, {}),
+    # Kepler K80 on driver 470: cu118 on Ubuntu 20.04 with its python3 (3.8)
+    "k80-cu118": ({"driver": d("470"), "gpus": ("K80",),
+                   "python": parse_requirement("python", "3.8")}, {}),
+    # air-gapped shape: torch alone from a wheelhouse, on a mirror base whose python3 is checked
+    "wheelhouse-base-python": ({"torch": parse_requirement("torch", "==2.13.0"), "variant": "cpu",
+                                "python": parse_requirement("python", "3.11")},
+                               {"base_image": "registry.example/debian:bookworm",
+                                "wheelhouse": "WHEELS", "companions": False}),
     # the package index's default wheel: index from configuration, here a mirror URL
     "default-variant": ({"driver": d("570"), "variant": "default"},
                         {"index_url": "https://mirror.example/simple"}),
@@ -76,6 +82,11 @@ def render_case(name: str, m: matrixmod.Matrix, tmp_path: Path) -> dict[str, byt
         ca = tmp_path / "ca.pem"
         ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
         raw["ca_bundle"] = str(ca)
+    if raw.get("wheelhouse") == "WHEELS":
+        wheels = tmp_path / "wheels"
+        wheels.mkdir(exist_ok=True)
+        (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"PK")
+        raw["wheelhouse"] = str(wheels)
     options = render.parse_options(**raw)
     stack = top(m, **request)
     return render.render_docker(render.lock_for(stack, m, options), options)
@@ -103,7 +114,10 @@ def test_render_twice_and_from_lock_same_bytes(name: str, matrix: matrixmod.Matr
     assert render_case(name, matrix, tmp_path) == first
     lock = lockmod.from_json(first["envbuild.lock"].decode())
     ca = tmp_path / "ca.pem"
-    options = render.RenderOptions(ca_bundle=ca if "ca-bundle.crt" in first else None)
+    # Only what is not in the lock is given again: the CA bundle and the wheelhouse.
+    wheels = tuple(sorted((tmp_path / "wheels").glob("*.whl")))
+    options = render.RenderOptions(ca_bundle=ca if "ca-bundle.crt" in first else None,
+                                   wheelhouse=wheels)
     assert render.render_docker(lock, options) == first
 
 
@@ -180,7 +194,9 @@ def test_bad_option_is_usage_error(bad: dict[str, Any]) -> None:
 
 
 def test_standalone_python_required(matrix: matrixmod.Matrix) -> None:
-    stack = top(matrix, variant="cpu")
+    # Ubuntu 22.04 ships 3.10: 3.12 there needs a standalone build (or a --base-image).
+    stack = top(matrix, variant="cpu", ubuntu="22.04", python=parse_requirement("python", "3.12"))
+    assert stack.ubuntu == "22.04"
     with pytest.raises(UsageError, match="standalone"):
         render.lock_for(stack, matrix, render.RenderOptions())
 
@@ -206,8 +222,8 @@ def test_write_output_new_dir(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
-    with pytest.raises(OSError):
-        render.write_output({"sub/x": b"1"}, tmp_path / "out", force=False)  # no such subdir
+    with pytest.raises(OSError):  # "x" is a file, so "x/y" cannot be written
+        render.write_output({"x": b"1", "x/y": b"2"}, tmp_path / "out", force=False)
     assert list(tmp_path.iterdir()) == []
 
 
