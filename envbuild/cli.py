@@ -34,13 +34,22 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, hint=f"see '{self.prog} --help'")
 
 
-RENDER_COMMANDS = {"lock": "pin a resolved stack into envbuild.lock",
-                   "render": "write a Dockerfile (and lock, smoke test) for a stack"}
+# Commands whose modules import jinja2, the Docker SDK or requests: registered by
+# ``<module>.add_commands(commands, add_selectors, parser_class)`` only when one of the
+# module's commands runs (or for --help), so ``envbuild resolve`` never pays for them.
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "lock": ("envbuild.render", "pin a resolved stack into envbuild.lock"),
+    "render": ("envbuild.render", "write a Dockerfile (and lock, smoke test) for a stack"),
+    "build": ("envbuild.build", "render a stack and build its image on a Docker engine"),
+    "verify": ("envbuild.build", "run an image's smoke test in a container"),
+    "clean": ("envbuild.build", "remove containers envbuild left behind"),
+    "ci": ("envbuild.ci", "a GitHub Actions workflow or docker-bake.hcl for the top stacks"),
+}
 
 
-def build_parser(*, with_render: bool = True) -> argparse.ArgumentParser:
-    """The whole CLI. ``with_render=False`` lists lock/render without importing them,
-    so commands like resolve start without the renderer's imports."""
+def build_parser(*, with_render: bool = True, lazy: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI. Lazily registered commands are listed by name and help only,
+    except those of the module named by ``lazy`` (all of them when ``with_render``)."""
     parser = _Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
                      description="Reproducible GPU environments, resolved from the host driver up.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,12 +62,15 @@ def build_parser(*, with_render: bool = True) -> argparse.ArgumentParser:
     _add_detect(commands)
     _add_smoke(commands)
     _add_matrix(commands)
-    if with_render:
-        from envbuild import render  # jinja2 itself is imported only when rendering
+    import importlib
 
-        render.add_commands(commands, add_selectors, _Parser)
-    else:
-        for name, text in RENDER_COMMANDS.items():
+    added: set[str] = set()
+    for name, (module, text) in LAZY_COMMANDS.items():
+        if with_render or module == lazy:
+            if module not in added:
+                added.add(module)
+                importlib.import_module(module).add_commands(commands, add_selectors, _Parser)
+        else:
             commands.add_parser(name, help=text)
     return parser
 
@@ -84,7 +96,8 @@ def add_selectors(p: argparse.ArgumentParser) -> None:
     stack.add_argument("--flavor", choices=("runtime", "devel"), default="runtime",
                        help="devel adds the CUDA toolkit (nvcc) for building extensions")
     stack.add_argument("--index-url", metavar="URL",
-                       help="package index for --variant default (else $PIP_INDEX_URL)")
+                       help="index torch is installed from (default: the variant's own; for "
+                            "--variant default $PIP_INDEX_URL, else pip's configured index)")
 
 
 def _add_resolve(commands: Any) -> None:
@@ -127,6 +140,8 @@ def _add_matrix(commands: Any) -> None:
     s.add_argument("relation")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_matrix_show)
+    from envbuild.refresh import add_refresh_command
+    add_refresh_command(sub, _Parser)
 
 
 def _positive_int(text: str) -> int:
@@ -249,7 +264,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return run_smoke(argv[1:], env)
     try:
         command = next((a for a in argv if not a.startswith("-")), None)
-        parser = build_parser(with_render=command in (None, *RENDER_COMMANDS))
+        lazy = LAZY_COMMANDS.get(command or "", (None,))[0]
+        parser = build_parser(with_render=command is None, lazy=lazy)
         args = parser.parse_args(argv)
         if not getattr(args, "run", None):
             parser.print_help()
