@@ -5,6 +5,8 @@ The index is the configured one (--index-url, then PIP_INDEX_URL, then pip's own
 configuration and default). Each row's ``source`` names the wheel whose METADATA was
 read, as a URI relative to that index, so the files never name a registry host.
 Both files are written to temporary files first and renamed into place together.
+The rows are built by envbuild.sources.pypi_source, as ``envbuild matrix refresh
+--source pypi`` builds them (which also merges, validates and records hashes).
 
     python bin/update_pypi_facts.py [--index-url URL] [--matrices DIR] [--allow-shrink]
 """
@@ -25,176 +27,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from envbuild.errors import DataError
-from envbuild.pypi import (
-    CompanionFact,
-    CompanionRow,
-    IndexClient,
-    PypiFacts,
-    TorchWheelFact,
-    collect_facts,
-    index_url,
-)
-
-TORCH_PYPI_DESCRIPTION = (
-    "The default torch wheel for Linux x86_64 on the Python package index, per final "
-    "release: the CPython versions it has wheels for (free-threaded builds in the note), "
-    "Requires-Python, the platform tag, the CUDA runtime, cuDNN and NCCL pins read from "
-    "the METADATA of the cp311 wheel, the wheel variant they imply (cu121 from a CUDA "
-    "runtime 12.1.x pin), and the torchvision/torchaudio releases that pin exactly this "
-    "torch (null where none does). Sources are pip-index:// URIs: relative to the "
-    "configured Python package index."
-)
-COMPANIONS_DESCRIPTION = (
-    "The torchvision and torchaudio releases whose wheel METADATA pins exactly this "
-    "torch release (Requires-Dist: torch==X), read from the Python package index. "
-    "null: no release of that project pins this torch. The source is the torchvision "
-    "wheel (the torchaudio wheel when there is no torchvision); the note names the other."
-)
-
-
-class Quoted(str):
-    """A string YAML must keep quoted (versions, dates)."""
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-def _quoted(dumper: yaml.SafeDumper, value: Quoted) -> yaml.Node:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style='"')
-
-
-_Dumper.add_representer(Quoted, _quoted)
-
-
-def source_uri(project: str, filename: str) -> str:
-    return f"pip-index:///simple/{project}/#{filename}"
-
-
-def torch_row(fact: TorchWheelFact, companions: CompanionRow, retrieved: str) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "torch": Quoted(fact.torch),
-        "default_variant": fact.default_variant,
-        "python": [Quoted(version) for version in fact.python],
-        "requires_python": Quoted(fact.requires_python) if fact.requires_python else None,
-        "platform_tag": fact.platform_tag,
-        "torchvision": _version(companions.torchvision),
-        "torchaudio": _version(companions.torchaudio),
-    }
-    for key in ("cuda_runtime", "cudnn", "nccl"):
-        value = getattr(fact, key)
-        if value is not None:
-            row[key] = Quoted(value)
-    row["source"] = source_uri("torch", fact.filename)
-    row["retrieved"] = Quoted(retrieved)
-    notes = _torch_notes(fact)
-    if notes:
-        row["note"] = "; ".join(notes)
-    return row
-
-
-def _torch_notes(fact: TorchWheelFact) -> list[str]:
-    notes: list[str] = []
-    if fact.free_threaded:
-        notes.append("free-threaded wheels for " + ", ".join(fact.free_threaded))
-    if fact.cuda_runtime_via and not fact.cuda_runtime_via.startswith("nvidia-cuda-runtime"):
-        notes.append(f"CUDA runtime pinned through {fact.cuda_runtime_via}")
-    if fact.default_variant is None:
-        notes.append("no CUDA runtime pin in METADATA")
-    if fact.other_platform_tags:
-        notes.append("other Linux x86_64 platform tags: " + ", ".join(fact.other_platform_tags))
-    return notes
-
-
-def companion_row(row: CompanionRow, retrieved: str, notes: Sequence[str]) -> dict[str, Any] | None:
-    first = row.torchvision or row.torchaudio
-    if first is None:
-        return None  # nothing pins this torch: no fact to record
-    out: dict[str, Any] = {
-        "torch": Quoted(row.torch),
-        "torchvision": _version(row.torchvision),
-        "torchaudio": _version(row.torchaudio),
-        "source": source_uri(first.project, first.filename),
-        "retrieved": Quoted(retrieved),
-    }
-    notes = list(notes)
-    if row.torchvision and row.torchaudio:
-        audio = source_uri(row.torchaudio.project, row.torchaudio.filename)
-        notes.insert(0, f"torchaudio pin read from {audio}")
-    if notes:
-        out["note"] = "; ".join(notes)
-    return out
-
-
-def _version(fact: CompanionFact | None) -> Quoted | None:
-    return Quoted(fact.version) if fact else None
-
-
-def unpinned_notes(facts: PypiFacts) -> dict[str, list[str]]:
-    """torch version → notes on companions that require torch without pinning it."""
-    notes: dict[str, list[str]] = {}
-    for row in facts.companions:
-        for project, fact in (("torchvision", row.torchvision), ("torchaudio", row.torchaudio)):
-            if fact is None:
-                loose = _loose_companions(facts, project)
-                notes.setdefault(row.torch, []).append(
-                    f"no {project} release pins this torch{loose}"
-                )
-    return notes
-
-
-def _loose_companions(facts: PypiFacts, project: str) -> str:
-    releases = facts.torchvision if project == "torchvision" else facts.torchaudio
-    loose = [f for f in releases if f.torch is None]
-    if not loose:
-        return ""
-    described = ", ".join(f"{f.version} ({_requirement(f)})" for f in loose)
-    return f"; {project} releases without an exact torch pin: {described}"
-
-
-def _requirement(fact: CompanionFact) -> str:
-    return f"torch{fact.torch_requirement}" if fact.torch_requirement else "no torch requirement"
-
-
-def documents(facts: PypiFacts, retrieved: str) -> dict[str, dict[str, Any]]:
-    companions = {row.torch: row for row in facts.companions}
-    extra = unpinned_notes(facts)
-    torch_rows = []
-    for fact in facts.torch:
-        row = torch_row(fact, companions[fact.torch], retrieved)
-        notes = [row["note"]] if "note" in row else []
-        notes += extra.get(fact.torch, [])
-        if notes:
-            row["note"] = "; ".join(notes)
-        torch_rows.append(row)
-    companion_rows = [
-        companion_row(row, retrieved, extra.get(row.torch, [])) for row in facts.companions
-    ]
-    return {
-        "torch_pypi": _document("torch_pypi", TORCH_PYPI_DESCRIPTION, torch_rows),
-        "torch_companions": _document(
-            "torch_companions",
-            COMPANIONS_DESCRIPTION,
-            [row for row in companion_rows if row is not None],
-        ),
-    }
-
-
-def _document(relation: str, description: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"relation": relation, "description": description, "rows": rows}
+from envbuild.pypi import IndexClient, collect_facts, index_url
+from envbuild.sources.pypi_source import build_documents as documents
+from envbuild.sources.yamlout import dump
 
 
 def render(document: Mapping[str, Any]) -> str:
     header = "# Generated by bin/update_pypi_facts.py; edit the script, not this file.\n"
-    body = yaml.dump(
-        dict(document),
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=None,
-        allow_unicode=True,
-        width=100,
-    )
-    return header + body
+    return header + dump(dict(document))
 
 
 def check_no_shrink(path: Path, new_rows: int) -> None:

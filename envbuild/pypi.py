@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -208,6 +208,7 @@ class IndexClient:
         policy: HttpPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         tail_bytes: int = 64 * 1024,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.index = index.rstrip("/") + "/"
         self.policy = policy or HttpPolicy()
@@ -216,25 +217,35 @@ class IndexClient:
         self.tail_bytes = tail_bytes
         self._verify = tls_verify(env)
         self._sleep = sleep
+        self._log = log
         self._session = session or requests.Session()
         self._session.headers["User-Agent"] = f"envbuild/{__version__}"
 
-    def get(self, url: str, headers: Mapping[str, str] | None = None) -> Reply:
-        """GET with retries; a 2xx reply or DataError."""
+    def get(
+        self,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        allow: frozenset[int] = frozenset(),
+    ) -> Reply:
+        """GET with retries; a 2xx reply, one whose status is in ``allow`` (304, 401), or DataError."""
         reason = ""
         for attempt in range(self.policy.attempts):
             try:
-                return self._get_once(url, dict(headers or {}))
+                return self._get_once(url, dict(headers or {}), allow)
             except _Retry as retry:
                 reason = retry.reason
                 if attempt + 1 < self.policy.attempts:
-                    self._sleep(retry.delay_s or self.policy.backoff_s * 2**attempt)
+                    delay = retry.delay_s or self.policy.backoff_s * 2**attempt
+                    if self._log is not None:
+                        self._log(f"retrying {url} in {delay:.1f} s ({reason})")
+                    self._sleep(delay)
         raise DataError(
             f"giving up on {url} after {self.policy.attempts} attempts ({reason})",
             hint="the index may be down or unreachable; retry later",
         )
 
-    def _get_once(self, url: str, headers: dict[str, str]) -> Reply:
+    def _get_once(self, url: str, headers: dict[str, str], allow: frozenset[int]) -> Reply:
         for _ in range(self.policy.max_redirects + 1):
             response = self._send(url, headers)
             with response:
@@ -243,7 +254,7 @@ class IndexClient:
                     check_redirect(url, target)
                     url = target
                     continue
-                return self._reply(url, response, ranged="Range" in headers)
+                return self._reply(url, response, ranged="Range" in headers, allow=allow)
         raise DataError(f"too many redirects from {url}")
 
     def _send(self, url: str, headers: dict[str, str]) -> requests.Response:
@@ -266,10 +277,15 @@ class IndexClient:
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
 
-    def _reply(self, url: str, response: requests.Response, *, ranged: bool) -> Reply:
+    def _reply(
+        self, url: str, response: requests.Response, *, ranged: bool, allow: frozenset[int] = frozenset()
+    ) -> Reply:
         status = response.status_code
         if status in RETRY_STATUSES:
             raise _Retry(f"HTTP {status}", self._retry_after(url, response))
+        if status in allow:
+            body = b"" if status == 304 else self._read_body(url, response)
+            return Reply(url=url, status=status, headers=CaseInsensitiveDict(response.headers), body=body)
         if not 200 <= status < 300:
             raise DataError(f"HTTP {status} {response.reason} for {url}")
         if ranged and status == 200:
@@ -780,6 +796,14 @@ Progress = Callable[[str], None]
 FIRST_TORCH = Version("1.13.0")
 
 
+class IndexReader(Protocol):
+    """What the fact collectors need from an index: IndexClient, or a cache in front of it."""
+
+    def list_wheels(self, project: str) -> tuple[WheelFile, ...]: ...
+
+    def wheel_metadata(self, wheel: WheelFile) -> MetadataRead: ...
+
+
 def collect_facts(
     client: IndexClient, *, since: Version = FIRST_TORCH, progress: Progress | None = None
 ) -> PypiFacts:
@@ -798,7 +822,7 @@ def collect_facts(
 
 
 def torch_facts(
-    client: IndexClient, *, since: Version = FIRST_TORCH, progress: Progress | None = None
+    client: IndexReader, *, since: Version = FIRST_TORCH, progress: Progress | None = None
 ) -> tuple[TorchWheelFact, ...]:
     """One fact per final torch release >= ``since`` that has Linux x86_64 CPython wheels."""
     facts: list[TorchWheelFact] = []
@@ -874,7 +898,7 @@ def variant_of(cuda_runtime: str) -> str:
 
 
 def companion_facts(
-    client: IndexClient,
+    client: IndexReader,
     project: str,
     *,
     since: Version = FIRST_TORCH,

@@ -1,0 +1,255 @@
+"""The Python package index: torch_pypi and torch_companions rows from wheel METADATA.
+
+Pages come through the refresh fetcher (ETag cache); each wheel's METADATA through
+``envbuild.pypi`` (PEP 658 file or HTTP range requests, never the whole wheel) and is
+cached for good, since a published wheel never changes. Rows carry ``pip-index:///``
+sources, relative to the configured index, so no file names the index's host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from envbuild import pypi
+from envbuild.errors import DataError
+from envbuild.pypi import CompanionFact, CompanionRow, MetadataRead, TorchWheelFact, WheelFile
+from envbuild.sources import Context, Fetch, Row, SourceResult, with_digest
+
+PREFIX = "pip-index:///"
+PROJECTS = frozenset({"torch", "torchvision", "torchaudio"})
+
+
+class CachedIndex:
+    """An ``IndexReader`` that reads pages through the fetcher and caches METADATA."""
+
+    def __init__(self, client: pypi.IndexClient | None, fetch: Fetch, index: str) -> None:
+        self.client = client
+        self.fetch = fetch
+        self.index = index.rstrip("/") + "/"
+        self.digests: dict[str, str] = {}  # wheel filename → sha256 of its METADATA
+
+    def list_wheels(self, project: str) -> tuple[WheelFile, ...]:
+        name = canonicalize_name(project)
+        page = self.fetch.document(f"{self.index}{name}/", headers={"Accept": pypi.SIMPLE_JSON})
+        return pypi.parse_simple_page(page.body, page_url=page.url, project=name)
+
+    def wheel_metadata(self, wheel: WheelFile) -> MetadataRead:
+        fresh: list[MetadataRead] = []
+
+        def produce() -> bytes:
+            if self.client is None:
+                raise DataError("no index client")  # offline: Fetch.immutable raises first
+            read = self.client.wheel_metadata(wheel)
+            fresh.append(read)
+            return json.dumps({"text": read.text, "method": read.method}).encode()
+
+        record = json.loads(self.fetch.immutable(wheel.url.split("#", 1)[0] + "#METADATA", produce))
+        text = str(record["text"])
+        self.digests[wheel.filename] = hashlib.sha256(text.encode()).hexdigest()
+        if fresh:
+            return fresh[0]
+        if record.get("method") == "range":
+            return MetadataRead(wheel=wheel, text=text, method="range", bytes_transferred=0)
+        return MetadataRead(wheel=wheel, text=text, method="pep658", bytes_transferred=0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PypiSource:
+    name: str = "pypi"
+    projects: frozenset[str] = PROJECTS
+    client: pypi.IndexClient | None = None
+    index: str = ""
+
+    def collect(self, context: Context) -> SourceResult:
+        reader = CachedIndex(self.client, context.fetch, self.index)
+        only = context.only & PROJECTS or PROJECTS
+        torch = pypi.torch_facts(reader, progress=context.progress)
+        if not torch:
+            raise DataError("the package index lists no torch release >= 1.13.0",
+                            hint="check the index URL")
+        rows: dict[str, tuple[Row, ...]] = {}
+        if {"torchvision", "torchaudio"} & only:
+            vision = _companions(reader, "torchvision", only, context)
+            audio = _companions(reader, "torchaudio", only, context)
+            table = pypi.companions_table([f.torch for f in torch], vision, audio)
+            facts = pypi.PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table,
+                                   bytes_transferred=0, requests_made=0)
+            documents = build_documents(facts, context.retrieved, reader.digests)
+            rows["torch_companions"] = tuple(documents["torch_companions"]["rows"])
+        else:
+            documents = build_documents(_torch_only(torch, context.existing), context.retrieved,
+                                        reader.digests)
+            _keep_companion_notes(documents["torch_pypi"]["rows"], context.existing)
+        rows["torch_pypi"] = tuple(documents["torch_pypi"]["rows"])
+        return SourceResult(name=self.name, prefix=PREFIX, rows=rows)
+
+
+def _companions(reader: CachedIndex, project: str, only: frozenset[str],
+                context: Context) -> tuple[CompanionFact, ...]:
+    return pypi.companion_facts(reader, project, progress=context.progress) if project in only else ()
+
+
+def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[Row, ...]]) -> pypi.PypiFacts:
+    """Facts for ``--only torch``: companions are taken from the rows already recorded."""
+    recorded = {str(r["torch"]): r for r in existing.get("torch_pypi", ())}
+
+    def known(version: str, project: str) -> CompanionFact | None:
+        value = recorded.get(version, {}).get(project)
+        return None if value is None else CompanionFact(
+            project=project, version=str(value), torch=version, torch_requirement=f"=={version}",
+            filename="", metadata_bytes=0)
+
+    table = tuple(CompanionRow(torch=f.torch, torchvision=known(f.torch, "torchvision"),
+                               torchaudio=known(f.torch, "torchaudio")) for f in torch)
+    return pypi.PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table,
+                          bytes_transferred=0, requests_made=0)
+
+
+COMPANION_NOTES = ("no torchvision", "no torchaudio", "torchvision releases", "torchaudio releases")
+
+
+def _keep_companion_notes(rows: list[Row], existing: Mapping[str, tuple[Row, ...]]) -> None:
+    """With --only torch the companions were not read: keep what the recorded notes say of them."""
+    recorded = {str(r["torch"]): str(r.get("note", "")) for r in existing.get("torch_pypi", ())}
+    for row in rows:
+        kept = [p for p in recorded.get(row["torch"], "").split("; ") if p.startswith(COMPANION_NOTES)]
+        if kept:
+            row["note"] = "; ".join([*([row["note"]] if "note" in row else []), *kept])
+
+
+# --- rows (shared with bin/update_pypi_facts.py) -------------------------------------------
+
+TORCH_PYPI_DESCRIPTION = (
+    "The default torch wheel for Linux x86_64 on the Python package index, per final "
+    "release: the CPython versions it has wheels for (free-threaded builds in the note), "
+    "Requires-Python, the platform tag, the CUDA runtime, cuDNN and NCCL pins read from "
+    "the METADATA of the cp311 wheel, the wheel variant they imply (cu121 from a CUDA "
+    "runtime 12.1.x pin), and the torchvision/torchaudio releases that pin exactly this "
+    "torch (null where none does). Sources are pip-index:// URIs: relative to the "
+    "configured Python package index."
+)
+COMPANIONS_DESCRIPTION = (
+    "The torchvision and torchaudio releases whose wheel METADATA pins exactly this "
+    "torch release (Requires-Dist: torch==X), read from the Python package index. "
+    "null: no release of that project pins this torch. The source is the torchvision "
+    "wheel (the torchaudio wheel when there is no torchvision); the note names the other."
+)
+
+
+def source_uri(project: str, filename: str, digests: Mapping[str, str] | None = None) -> str:
+    uri = f"{PREFIX}simple/{project}/#{filename}"
+    digest = (digests or {}).get(filename)
+    return with_digest(uri, digest) if digest else uri
+
+
+def torch_row(fact: TorchWheelFact, companions: CompanionRow, retrieved: str,
+              digests: Mapping[str, str] | None = None) -> Row:
+    row: Row = {
+        "torch": fact.torch,
+        "default_variant": fact.default_variant,
+        "python": list(fact.python),
+        "requires_python": fact.requires_python or None,
+        "platform_tag": fact.platform_tag,
+        "torchvision": _version(companions.torchvision),
+        "torchaudio": _version(companions.torchaudio),
+    }
+    for key in ("cuda_runtime", "cudnn", "nccl"):
+        value = getattr(fact, key)
+        if value is not None:
+            row[key] = value
+    row["source"] = source_uri("torch", fact.filename, digests)
+    row["retrieved"] = retrieved
+    notes = _torch_notes(fact)
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row
+
+
+def _torch_notes(fact: TorchWheelFact) -> list[str]:
+    notes: list[str] = []
+    if fact.free_threaded:
+        notes.append("free-threaded wheels for " + ", ".join(fact.free_threaded))
+    if fact.cuda_runtime_via and not fact.cuda_runtime_via.startswith("nvidia-cuda-runtime"):
+        notes.append(f"CUDA runtime pinned through {fact.cuda_runtime_via}")
+    if fact.default_variant is None:
+        notes.append("no CUDA runtime pin in METADATA")
+    if fact.other_platform_tags:
+        notes.append("other Linux x86_64 platform tags: " + ", ".join(fact.other_platform_tags))
+    return notes
+
+
+def companion_row(row: CompanionRow, retrieved: str, notes: Sequence[str],
+                  digests: Mapping[str, str] | None = None) -> Row | None:
+    first = row.torchvision or row.torchaudio
+    if first is None:
+        return None  # nothing pins this torch: no fact to record
+    out: Row = {
+        "torch": row.torch,
+        "torchvision": _version(row.torchvision),
+        "torchaudio": _version(row.torchaudio),
+        "source": source_uri(first.project, first.filename, digests),
+        "retrieved": retrieved,
+    }
+    notes = list(notes)
+    if row.torchvision and row.torchaudio:
+        audio = source_uri(row.torchaudio.project, row.torchaudio.filename)
+        notes.insert(0, f"torchaudio pin read from {audio}")
+    if notes:
+        out["note"] = "; ".join(notes)
+    return out
+
+
+def _version(fact: CompanionFact | None) -> str | None:
+    return fact.version if fact else None
+
+
+def unpinned_notes(facts: pypi.PypiFacts) -> dict[str, list[str]]:
+    """torch version → notes on companions that require torch without pinning it."""
+    notes: dict[str, list[str]] = {}
+    for row in facts.companions:
+        for project, fact in (("torchvision", row.torchvision), ("torchaudio", row.torchaudio)):
+            if fact is None and (facts.torchvision or facts.torchaudio):
+                loose = _loose_companions(facts, project)
+                notes.setdefault(row.torch, []).append(f"no {project} release pins this torch{loose}")
+    return notes
+
+
+def _loose_companions(facts: pypi.PypiFacts, project: str) -> str:
+    releases = facts.torchvision if project == "torchvision" else facts.torchaudio
+    loose = [f for f in releases if f.torch is None]
+    if not loose:
+        return ""
+    described = ", ".join(f"{f.version} ({_requirement(f)})" for f in loose)
+    return f"; {project} releases without an exact torch pin: {described}"
+
+
+def _requirement(fact: CompanionFact) -> str:
+    return f"torch{fact.torch_requirement}" if fact.torch_requirement else "no torch requirement"
+
+
+def build_documents(facts: pypi.PypiFacts, retrieved: str,
+                    digests: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    companions = {row.torch: row for row in facts.companions}
+    extra = unpinned_notes(facts)
+    torch_rows = []
+    for fact in facts.torch:
+        row = torch_row(fact, companions[fact.torch], retrieved, digests)
+        notes = [row["note"]] if "note" in row else []
+        notes += extra.get(fact.torch, [])
+        if notes:
+            row["note"] = "; ".join(notes)
+        torch_rows.append(row)
+    companion_rows = [companion_row(row, retrieved, extra.get(row.torch, []), digests)
+                      for row in facts.companions]
+    return {
+        "torch_pypi": {"relation": "torch_pypi", "description": TORCH_PYPI_DESCRIPTION,
+                       "rows": torch_rows},
+        "torch_companions": {"relation": "torch_companions", "description": COMPANIONS_DESCRIPTION,
+                             "rows": [row for row in companion_rows if row is not None]},
+    }

@@ -1,0 +1,516 @@
+"""``envbuild matrix refresh`` against recorded upstream documents served on 127.0.0.1.
+
+The PyTorch index, NVIDIA's redist manifests and a registry's tag list are fixtures in
+tests/fixtures/refresh/ (their real formats); each FAULTS.md section E case has a test
+named ``test_e<N>_...``. The package-index source runs against the real index in
+tests/test_refresh_network.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from envbuild import cli, refresh
+from envbuild.errors import DataError
+from envbuild.pypi import HttpPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "refresh"
+FAST = HttpPolicy(connect_timeout_s=1.0, read_timeout_s=1.0, total_timeout_s=5.0, attempts=3,
+                  backoff_s=0.01, max_retry_after_s=5.0)
+Reply = tuple[int, dict[str, str], bytes]
+
+
+# --- the local upstream ---------------------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    base: str = ""
+    routes: dict[str, Reply] = field(default_factory=dict)
+    scripted: dict[str, list[Reply | Callable[[], Reply]]] = field(default_factory=dict)
+    seen: list[tuple[str, str | None]] = field(default_factory=list)  # (path, If-None-Match)
+
+    def serve(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.routes[path] = (200, headers or {}, body)
+
+    def script(self, path: str, *replies: Reply | Callable[[], Reply]) -> None:
+        self.scripted[path] = list(replies)
+
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.seen]
+
+
+def _handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            up.seen.append((self.path, self.headers.get("If-None-Match")))
+            queue = up.scripted.get(self.path)
+            reply = queue.pop(0) if queue else up.routes.get(self.path, (404, {}, b"not found"))
+            status, headers, body = reply() if callable(reply) else reply
+            etag = headers.get("ETag")
+            if etag and self.headers.get("If-None-Match") == etag:
+                status, body = 304, b""
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serving(up: Upstream, context: ssl.SSLContext | None = None) -> Iterator[Upstream]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(up))
+    server.daemon_threads = True
+    if context is not None:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    scheme = "https" if context else "http"
+    up.base = f"{scheme}://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield up
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def record_upstream(up: Upstream) -> None:
+    """The recorded documents at the paths the real hosts use."""
+    etag = {"ETag": '"v1"'}
+    for variant in ("cpu", "cu124"):
+        up.serve(f"/whl/{variant}/torch/", (FIXTURES / f"whl_{variant}_torch.html").read_bytes(), etag)
+    other = (FIXTURES / "whl_other_torch.html").read_bytes()
+    for variant in ("cu116", "cu117", "cu118", "cu121", "cu126", "cu128", "cu129", "cu130", "cu132"):
+        up.serve(f"/whl/{variant}/torch/", other, etag)
+    up.serve("/compute/cuda/redist/", (FIXTURES / "cuda_redist.html").read_bytes(), etag)
+    for version in ("12.4.1", "99.1.0"):
+        up.serve(f"/compute/cuda/redist/redistrib_{version}.json",
+                 (FIXTURES / f"redistrib_{version}.json").read_bytes(), etag)
+    up.serve("/compute/cudnn/redist/", (FIXTURES / "cudnn_redist.html").read_bytes(), etag)
+    up.serve("/compute/cudnn/redist/redistrib_99.0.0.json",
+             (FIXTURES / "cudnn_redistrib_99.0.0.json").read_bytes(), etag)
+    up.serve("/v2/nvidia/cuda/tags/list?n=1000", (FIXTURES / "tags_page1.json").read_bytes(),
+             {**etag,
+              "Link": '</v2/nvidia/cuda/tags/list?last=99.1.0-runtime-ubuntu24.04&n=1000>; rel="next"'})
+    up.serve("/v2/nvidia/cuda/tags/list?last=99.1.0-runtime-ubuntu24.04&n=1000",
+             (FIXTURES / "tags_page2.json").read_bytes(), etag)
+
+
+@pytest.fixture(scope="session")
+def authority() -> Any:
+    """The test CA: the upstream speaks TLS, as every real one does (data cites https only)."""
+    trustme = pytest.importorskip("trustme")
+    return trustme.CA()
+
+
+def tls_context(authority: Any) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+    return context
+
+
+@pytest.fixture
+def upstream(authority: Any) -> Iterator[Upstream]:
+    up = Upstream()
+    with serving(up, tls_context(authority)):
+        record_upstream(up)
+        yield up
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    target = tmp_path / "matrices"
+    shutil.copytree(REPO / "matrices", target)
+    return target
+
+
+@pytest.fixture
+def env(tmp_path: Path, authority: Any) -> dict[str, str]:
+    ca = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca))
+    return {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path), "PATH": os.environ["PATH"],
+            "PIP_CERT": str(ca)}
+
+
+def options(up: Upstream, data: Path, **kw: Any) -> refresh.RefreshOptions:
+    defaults: dict[str, Any] = dict(matrices=data, sources=("nvidia", "pytorch", "tags"),
+                                    pytorch_url=f"{up.base}/whl/", nvidia_url=f"{up.base}/compute/",
+                                    registry_url=f"{up.base}/v2/nvidia/cuda/", policy=FAST,
+                                    retrieved="2026-11-21")
+    return refresh.RefreshOptions(**(defaults | kw))
+
+
+def argv(up: Upstream, data: Path, *extra: str) -> list[str]:
+    return ["--matrices", str(data), "matrix", "refresh", "--source", "nvidia", "--source", "pytorch",
+            "--source", "tags", "--pytorch-url", f"{up.base}/whl/", "--nvidia-url", f"{up.base}/compute/",
+            "--registry-url", f"{up.base}/v2/nvidia/cuda/", *extra]
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def rows(directory: Path, relation: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load((directory / f"{relation}.yaml").read_text())["rows"])
+
+
+def run(up: Upstream, data: Path, env: dict[str, str], **kw: Any) -> refresh.RefreshReport:
+    return refresh.refresh(options(up, data, **kw), env, lambda message: None)
+
+
+# --- the happy path ---------------------------------------------------------------------------
+
+
+def test_refresh_adds_rows_with_provenance_and_keeps_hand_rows(
+    upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {r: rows(data, r) for r in ("cuda_toolkits", "cudnn", "torch_variants", "cuda_images")}
+
+    assert cli.main(argv(upstream, data), env) == 0
+
+    after = {r: rows(data, r) for r in before}
+    for relation, old in before.items():
+        assert after[relation][: len(old)] == old  # hand-sourced rows untouched, in order
+    added = {r: after[r][len(before[r]):] for r in before}
+    assert [(r["cuda"], r["min_driver"]) for r in added["cuda_toolkits"]] == [("99.1.0", "999.1.1")]
+    assert [(r["cudnn"], r["cuda_majors"]) for r in added["cudnn"]] == [("99.0.0.1", [12, 13])]
+    assert [(r["torch"], r["variant"], r["cuda"], r["python"]) for r in added["torch_variants"]] == [
+        ("99.0.0", "cpu", None, ["3.11"]), ("99.0.0", "cu124", "12.4", ["3.11", "3.12"])]
+    assert [(r["cuda"], r["ubuntu"], r["flavors"], r["cudnn_tag"], r.get("cudnn_flavors"))
+            for r in added["cuda_images"]] == [
+        ("99.1.0", "24.04", ["base", "runtime", "devel"], "cudnn", ["runtime", "devel"])]
+    body = (FIXTURES / "redistrib_99.1.0.json").read_bytes()
+    assert added["cuda_toolkits"][0]["source"] == (
+        f"{upstream.base}/compute/cuda/redist/redistrib_99.1.0.json#sha256={hashlib.sha256(body).hexdigest()}")
+    for relation in added:
+        assert all(r["retrieved"] for r in added[relation])
+    # Appending keeps every existing byte of a hand-written file.
+    assert (data / "cudnn.yaml").read_bytes().startswith((REPO / "matrices/cudnn.yaml").read_bytes())
+    manifest = json.loads((data / "manifest.json").read_text())["files"]
+    assert manifest["cudnn.yaml"] == snapshot(data)["cudnn.yaml"]
+    assert cli.main(["--matrices", str(data), "matrix", "validate"], env) == 0
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_dry_run_and_json_write_nothing(upstream: Upstream, data: Path, env: dict[str, str],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(data)
+    assert cli.main(argv(upstream, data, "--dry-run", "--json"), env) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dry_run"] and report["changes"]["cuda_toolkits"]["added"] == 1
+    assert snapshot(data) == before
+
+
+def test_out_writes_a_copy_and_leaves_the_source(upstream: Upstream, data: Path, env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    before = snapshot(data)
+    out = tmp_path / "copy"
+    assert cli.main(argv(upstream, data, "--out", str(out)), env) == 0
+    assert snapshot(data) == before
+    assert any(r["cuda"] == "99.1.0" for r in rows(out, "cuda_toolkits"))
+    assert cli.main(argv(upstream, data, "--out", str(out)), env) == 2  # not empty: refused
+
+
+def test_refuses_the_installed_package_data(tmp_path: Path) -> None:
+    package = Path(refresh.__file__).resolve().parent
+    if (package.parent / ".git").exists():
+        refresh.check_writable_target(package.parent / "matrices")  # the checkout: allowed
+    with pytest.raises(Exception, match="installed envbuild package") as caught:
+        fake = tmp_path / "site" / "envbuild"
+        (fake / "matrices").mkdir(parents=True)
+        original = refresh.__file__
+        try:
+            refresh.__file__ = str(fake / "refresh.py")
+            refresh.check_writable_target(fake / "matrices")
+        finally:
+            refresh.__file__ = original
+    assert getattr(caught.value, "exit_code", None) == 2
+
+
+def test_bad_flag_exits_2(data: Path, env: dict[str, str]) -> None:
+    assert cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "npm"], env) == 2
+
+
+# --- FAULTS.md section E --------------------------------------------------------------------------
+
+
+def test_e1_blackhole_times_out_exit_4_data_unchanged(data: Path, env: dict[str, str]) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections, never answers
+    try:
+        up = Upstream(base=f"https://127.0.0.1:{listener.getsockname()[1]}")
+        before = snapshot(data)
+        started = time.monotonic()
+        policy = HttpPolicy(connect_timeout_s=0.5, read_timeout_s=0.5, attempts=2, backoff_s=0.01)
+        with pytest.raises(DataError, match="giving up") as caught:
+            run(up, data, env, sources=("nvidia",), policy=policy)
+        assert time.monotonic() - started < 20  # the default policy would wait minutes
+        assert caught.value.exit_code == 4
+        assert snapshot(data) == before
+    finally:
+        listener.close()
+
+
+def test_e2_503_twice_then_200_retries_and_logs(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    listing = upstream.routes["/compute/cuda/redist/"]
+    upstream.script("/compute/cuda/redist/", (503, {}, b"busy"), (503, {}, b"busy"), listing)
+    log: list[str] = []
+    refresh.refresh(options(upstream, data, sources=("nvidia",)), env, log.append)
+    assert sum("retrying" in line and "HTTP 503" in line for line in log) == 2
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_toolkits"))
+
+
+def test_e3_retry_after_2_is_honoured(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    listing = upstream.routes["/compute/cuda/redist/"]
+    upstream.script("/compute/cuda/redist/", (429, {"Retry-After": "2"}, b""), listing)
+    started = time.monotonic()
+    run(upstream, data, env, sources=("nvidia",))
+    assert 1.9 < time.monotonic() - started < 10
+
+
+def test_e3_retry_after_beyond_the_cap_exit_4(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    upstream.script("/v2/nvidia/cuda/tags/list?n=1000", (429, {"Retry-After": "3600"}, b""))
+    before = snapshot(data)
+    started = time.monotonic()
+    assert cli.main(argv(upstream, data), env) == 4
+    assert time.monotonic() - started < 30
+    assert snapshot(data) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/compute/cuda/redist/redistrib_99.1.0.json", b'{"release_label": "99.1.0", "nvidia_dr', "not JSON"),
+        ("/v2/nvidia/cuda/tags/list?n=1000", b'{"name": "nvidia/cuda", "tags": ["12.4', "not JSON"),
+        ("/whl/cu124/torch/", b"<html><body><h1>502 Bad Gateway</h1></body></html>", "not a PEP 503"),
+        ("/compute/cuda/redist/", b"<html><body>Service unavailable</body></html>", "lists no redistrib"),
+    ],
+)
+def test_e4_truncated_document_or_error_page_with_200(upstream: Upstream, data: Path, env: dict[str, str],
+                                                      path: str, body: bytes, message: str) -> None:
+    upstream.serve(path, body)
+    before = snapshot(data)
+    with pytest.raises(DataError, match=message):
+        run(upstream, data, env)
+    assert snapshot(data) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "old", "new", "field"),
+    [
+        ("/compute/cuda/redist/redistrib_99.1.0.json", b'"release_label"', b'"releaseLabel"',
+         "release_label"),
+        ("/compute/cudnn/redist/redistrib_99.0.0.json", b'"linux-x86_64"', b'"linux_x86_64"',
+         "cudnn.linux-x86_64"),
+        ("/v2/nvidia/cuda/tags/list?n=1000", b'"tags"', b'"tag_names"', "tags"),
+    ],
+)
+def test_e5_renamed_field_is_named(upstream: Upstream, data: Path, env: dict[str, str],
+                                   path: str, old: bytes, new: bytes, field: str) -> None:
+    _, headers, body = upstream.routes[path]
+    upstream.serve(path, body.replace(old, new), headers)
+    before = snapshot(data)
+    with pytest.raises(DataError, match=f"field '{field}'"):
+        run(upstream, data, env)
+    assert snapshot(data) == before
+
+
+def test_e6_shrink_is_refused_then_allowed(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    # The Cog floor case: rows recorded from the registry, then the tag list collapses.
+    many = [f"99.1.0-base-ubuntu{y}.{m:02d}" for y in range(30, 80) for m in (4,)]
+    upstream.serve("/v2/nvidia/cuda/tags/list?n=1000", json.dumps({"tags": many}).encode())
+    run(upstream, data, env)
+    assert sum(r["cuda"] == "99.1.0" for r in rows(data, "cuda_images")) == 50
+    upstream.serve("/v2/nvidia/cuda/tags/list?n=1000", json.dumps({"tags": many[:1]}).encode())
+    before = snapshot(data)
+    with pytest.raises(DataError, match="refusing to shrink data by 98%"):
+        run(upstream, data, env)
+    assert snapshot(data) == before
+    run(upstream, data, env, allow_shrink=True)
+    assert sum(r["cuda"] == "99.1.0" for r in rows(data, "cuda_images")) == 1
+
+
+def test_e7_one_of_three_sources_fails_no_partial_update(upstream: Upstream, data: Path,
+                                                         env: dict[str, str]) -> None:
+    upstream.script("/v2/nvidia/cuda/tags/list?n=1000", *[(500, {}, b"")] * 5)
+    before = snapshot(data)
+    assert cli.main(argv(upstream, data), env) == 4
+    assert snapshot(data) == before  # nvidia and pytorch succeeded, yet nothing was written
+    assert "/compute/cuda/redist/redistrib_99.1.0.json" in upstream.paths()
+
+
+def test_e8_self_signed_certificate_is_refused(data: Path, env: dict[str, str]) -> None:
+    trustme = pytest.importorskip("trustme")
+    stranger = trustme.CA()  # not the CA PIP_CERT names
+    up = Upstream()
+    with serving(up, tls_context(stranger)):
+        record_upstream(up)
+        before = snapshot(data)
+        with pytest.raises(DataError, match="TLS verification failed"):
+            run(up, data, env, sources=("tags",))
+        assert snapshot(data) == before
+        with stranger.cert_pem.tempfile() as ca:  # trusted: the same server works
+            run(up, data, {**env, "PIP_CERT": ca}, sources=("nvidia", "tags"))
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_images"))
+
+
+def test_plain_http_upstream_is_refused(data: Path, env: dict[str, str]) -> None:
+    argv_http = ["--matrices", str(data), "matrix", "refresh", "--source", "tags",
+                 "--registry-url", "http://127.0.0.1:9/v2/nvidia/cuda/"]
+    assert cli.main(argv_http, env) == 2
+
+
+def test_e9_redirect_from_https_to_http_is_refused(upstream: Upstream, data: Path,
+                                                    env: dict[str, str]) -> None:
+    plain = Upstream()
+    with serving(plain):
+        record_upstream(plain)
+        upstream.script("/v2/nvidia/cuda/tags/list?n=1000",
+                        (302, {"Location": f"{plain.base}/v2/nvidia/cuda/tags/list?n=1000"}, b""))
+        before = snapshot(data)
+        with pytest.raises(DataError, match="refusing redirect"):
+            run(upstream, data, env, sources=("tags",))
+        assert plain.seen == []
+        assert snapshot(data) == before
+
+
+CRASH = """
+import os, signal, sys
+from pathlib import Path
+from envbuild import refresh
+stage = sys.argv[2]
+def checkpoint(name):
+    if name == stage:
+        os.kill(os.getpid(), signal.SIGKILL)
+refresh.commit(Path(sys.argv[1]), {"cudnn.yaml": Path(sys.argv[3]).read_bytes()}, checkpoint=checkpoint)
+"""
+
+
+@pytest.mark.parametrize(("stage", "expected"), [("staged", "old"), ("committed", "new"), ("moved", "new")])
+def test_e10_sigkill_during_the_write(data: Path, env: dict[str, str], tmp_path: Path,
+                                      stage: str, expected: str) -> None:
+    old = (data / "cudnn.yaml").read_bytes()
+    new = old + b"# a new version of the file\n"
+    (tmp_path / "new.yaml").write_bytes(new)
+    done = subprocess.run([sys.executable, "-c", CRASH, str(data), stage, str(tmp_path / "new.yaml")],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert (data / "cudnn.yaml").read_bytes() in (old, new)
+    refresh.recover(data)  # what the next refresh does first
+    assert (data / "cudnn.yaml").read_bytes() == (old if expected == "old" else new)
+    assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]
+    if expected == "new":
+        manifest = json.loads((data / "manifest.json").read_text())["files"]
+        assert manifest["cudnn.yaml"] == hashlib.sha256(new).hexdigest()
+        assert cli.main(["--matrices", str(data), "matrix", "validate"], env) == 0
+
+
+def test_e11_304_not_modified_rewrites_nothing(upstream: Upstream, data: Path, env: dict[str, str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv(upstream, data), env) == 0
+    mtimes = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
+    upstream.seen.clear()
+    capsys.readouterr()
+    assert cli.main(argv(upstream, data), env) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in data.iterdir()} == mtimes
+    assert upstream.seen and all(etag == '"v1"' for _, etag in upstream.seen)
+
+
+def test_e12_offline_never_connects(upstream: Upstream, data: Path, env: dict[str, str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.main(argv(upstream, data, "--dry-run"), env) == 0  # fills the cache
+    attempts: list[Any] = []
+
+    def refuse(self: socket.socket, address: Any) -> None:
+        attempts.append(address)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    assert cli.main(argv(upstream, data, "--offline"), env) == 0  # from the cache alone
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_toolkits"))
+    before = snapshot(data)
+    cold = {**env, "XDG_CACHE_HOME": str(Path(env["HOME"]) / "empty-cache")}
+    assert cli.main(argv(upstream, data, "--offline"), cold) == 4
+    assert snapshot(data) == before
+    assert attempts == []
+
+
+def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    from envbuild import matrix
+
+    before = snapshot(data)
+    with refresh.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
+        with pytest.raises(DataError, match="refresh in progress"):
+            run(upstream, data, env, lock_timeout_s=0.3)
+        assert cli.main(argv(upstream, data), env) == 4
+    assert snapshot(data) == before
+    run(upstream, data, env)  # the lock is free again
+
+
+def test_e14_unknown_local_tags_are_ignored(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    log: list[str] = []
+    refresh.refresh(options(upstream, data, sources=("pytorch",)), {**env, "ENVBUILD_DEBUG": "1"}, log.append)
+    added = [r for r in rows(data, "torch_variants") if r["torch"] == "99.0.0"]
+    assert sorted(r["variant"] for r in added) == ["cpu", "cu124"]
+    assert any("rocm6.1" in line for line in log) and any("'xpu'" in line for line in log)
+
+
+# --- pieces ----------------------------------------------------------------------------------------
+
+
+def test_merge_keeps_hand_rows_replaces_own_rows_and_appends_new() -> None:
+    hand = {"cuda": "12.4.1", "min_driver": "550.54.15", "source": "https://docs.nvidia.com/x"}
+    own = {"cuda": "12.5.0", "min_driver": "1", "source": "https://up/x#sha256=1"}
+    derived = [{**hand, "source": "https://up/a"}, {**own, "min_driver": "2"}, {"cuda": "9.9.9", "source": "https://up/b"}]
+    merged, change = refresh.merge_rows("cuda_toolkits", [hand, own], derived, "https://up/", False)
+    assert merged[0] is hand and merged[1]["min_driver"] == "2" and merged[2]["cuda"] == "9.9.9"
+    assert (change.added, change.updated, change.kept_hand_sourced) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(("variant", "cuda"), [("cpu", None), ("cu118", "11.8"), ("cu121", "12.1"),
+                                               ("cu130", "13.0")])
+def test_cuda_of_variant(variant: str, cuda: str | None) -> None:
+    from envbuild.sources.pytorch_index import cuda_of
+
+    assert cuda_of(variant) == cuda
+
+
+def test_token_challenge_is_answered(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
+    path = "/v2/nvidia/cuda/tags/list?n=1000"
+    challenge = (f'Bearer realm="{upstream.base}/token",service="registry.test",'
+                 'scope="repository:nvidia/cuda:pull"')
+    upstream.script(path, (401, {"WWW-Authenticate": challenge}, b""))
+    upstream.serve("/token?scope=repository%3Anvidia%2Fcuda%3Apull&service=registry.test",
+                   b'{"token": "t0k"}')
+    run(upstream, data, env, sources=("nvidia", "tags"))
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_images"))
