@@ -37,7 +37,7 @@ from envbuild.errors import (
 
 if TYPE_CHECKING:
     from envbuild.lock import Lock
-    from envbuild.render import FileData
+    from envbuild.render import FileData, Out
 
 # On every container envbuild creates; its value says which command made it.
 LABEL = "dev.envbuild.managed"
@@ -187,6 +187,7 @@ class SdkBuilder:
         image_id: str | None = None
         self.seen.clear()
         self.cached.clear()
+        self.log.clear()
         try:
             stream = self.client.build(
                 fileobj=context, custom_context=True, encoding=None, tag=tag, rm=True,
@@ -452,16 +453,14 @@ def failures(report: Mapping[str, Any]) -> list[str]:
 # --- command line -----------------------------------------------------------------------
 
 
-Out = Callable[[str], None]
-
 
 def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
                  parser_class: type[argparse.ArgumentParser]) -> None:
-    from envbuild.render import _add_render_options, add_context_options
+    from envbuild.render import add_context_options, add_render_options
 
     b = commands.add_parser("build", help="render a stack and build its image")
     add_selectors(b)
-    _add_render_options(b)
+    add_render_options(b)
     add_context_options(b)
     g = b.add_argument_group("build")
     g.add_argument("--tag", "-t", metavar="NAME[:TAG]",

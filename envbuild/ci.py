@@ -26,7 +26,7 @@ from envbuild.lock import Lock, check_image_reference, check_url, distro_python
 
 if TYPE_CHECKING:
     from envbuild.matrix import Matrix
-    from envbuild.render import FileData
+    from envbuild.render import FileData, Out
     from envbuild.resolve import Stack
 
 WORKFLOW_PATH = ".github/workflows/envbuild.yml"
@@ -425,8 +425,6 @@ def render_bake(stacks: Sequence[CiStack], options: CiOptions) -> dict[str, File
 
 
 # --- command line (cli.py registers these lazily) ---------------------------------------
-
-Out = Callable[[str], None]
 
 
 def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser], None],

@@ -355,7 +355,7 @@ def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser
     """``envbuild lock`` and ``envbuild render docker``."""
     p = commands.add_parser("lock", help="resolve a stack and write envbuild.lock")
     add_selectors(p)
-    _add_render_options(p)
+    add_render_options(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="lock file to write")
     p.set_defaults(run=cmd_lock)
     r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
@@ -363,17 +363,17 @@ def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser
                            parser_class=parser_class)
     d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
     add_selectors(d)
-    _add_render_options(d)
+    add_render_options(d)
     add_context_options(d)
     d.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     d.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     d.set_defaults(run=cmd_render_docker)
     from envbuild import script  # render script / cloud-init: the same selectors and options
 
-    script.add_targets(sub, add_selectors, _add_render_options)
+    script.add_targets(sub, add_selectors, add_render_options)
 
 
-def _add_render_options(p: argparse.ArgumentParser) -> None:
+def add_render_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("image")
     g.add_argument("--base-image", metavar="REF", help="FROM this image (mirror or private registry)")
     g.add_argument("--python-url", metavar="URL",
