@@ -662,6 +662,27 @@ def check_driver(family: Family, ask: Ask, ix: Index) -> Runtime | Rejection:
     return result
 
 
+def driver_verdict(family: Family, ask: Ask, ix: Index,
+                   verdicts: dict[Any, Runtime | Rejection]) -> Runtime | Rejection:
+    """``check_driver``, reached once per CUDA series and request.
+
+    The verdict depends on the family only through its CUDA series and, when GPUs are
+    named, its arch list (the PTX check), so families that share both share it; a
+    rejection is handed out under each family's own name. The one rejection that cites
+    the family's own row (no toolkit release for its CUDA) is not shared."""
+    row = family.row
+    key = (row["cuda"], tuple(row.get("arch_list", ())) if ask.gpus else None)
+    found = verdicts.get(key)
+    if found is None:
+        found = verdicts[key] = check_driver(family, ask, ix)
+        return found
+    if isinstance(found, Rejection):
+        if found.constraint == "cuda":
+            return check_driver(family, ask, ix)
+        return found.renamed(family.label)
+    return found
+
+
 def _minor_or_forward(family: Family, ask: Ask, ix: Index, releases: list[Toolkit],
                       driver: DriverVersion) -> Runtime | Rejection:
     row = family.row
@@ -765,15 +786,19 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
     })
 
 
-def evaluate(family: Family, ask: Ask, ix: Index) -> Pinned | Rejection:
-    """Run the checks in order; the first failure is the family's rejection."""
+def evaluate(family: Family, ask: Ask, ix: Index,
+             verdicts: dict[Any, Runtime | Rejection] | None = None) -> Pinned | Rejection:
+    """Run the checks in order; the first failure is the family's rejection.
+
+    ``verdicts``: driver verdicts already reached for this request (see ``driver_verdict``)."""
     rejection = (check_user_constraints(family, ask, ix)
                  or check_gpus(family, ask, ix))
     if rejection:
         return rejection
     runtime: Runtime | None = None
     if family.row["cuda"] is not None:
-        checked = check_driver(family, ask, ix)
+        checked = (check_driver(family, ask, ix) if verdicts is None
+                   else driver_verdict(family, ask, ix, verdicts))
         if isinstance(checked, Rejection):
             return checked
         runtime = checked
@@ -790,19 +815,26 @@ def rank_key(stack: Pinned | Any, release: Any) -> tuple[Any, ...]:
     """Best first: newest torch; native before minor-version before forward; the newest
     CUDA variant; the newest Ubuntu; the newest Python; then the variant name, so that
     ties always break the same way (FAULTS B5). ``release``: version text → release tuple."""
-    cuda = release(stack.cuda) if stack.cuda else (0,)
+    return _ranked(stack, lambda text: _neg(release(text)))
+
+
+def _ranked(stack: Pinned | Any, newest_first: Any) -> tuple[Any, ...]:
+    """``rank_key`` with ``newest_first``: version text → a key that sorts newest first."""
     return (
-        _neg(release(stack.torch)),
+        newest_first(stack.torch),
         COMPAT_ORDER[stack.compat],
-        _neg(cuda),
-        _neg(release(stack.ubuntu)),
-        _neg(release(stack.python.rstrip("t"))),
+        newest_first(stack.cuda) if stack.cuda else _NO_CUDA,
+        newest_first(stack.ubuntu),
+        newest_first(stack.python.rstrip("t")),
         stack.variant,
     )
 
 
 def _neg(release: tuple[int, ...]) -> tuple[int, ...]:
     return (*(-p for p in release), 1)
+
+
+_NO_CUDA = _neg((0,))  # a CPU wheel ranks after every CUDA variant
 
 
 # --- host-level conflicts, independent of any family ------------------------------------
@@ -846,16 +878,25 @@ def solve(ask: Ask, ix: Index) -> Outcome:
     conflicts = global_conflicts(ask, ix)
     stacks: list[Pinned] = []
     rejected: list[Rejection] = []
+    verdicts: dict[Any, Runtime | Rejection] = {}
     for family in families(ask, ix):
         if isinstance(family, Rejection):
             rejected.append(family)
             continue
-        result = conflicts[0] if conflicts else evaluate(family, ask, ix)
+        result = conflicts[0] if conflicts else evaluate(family, ask, ix, verdicts)
         if isinstance(result, Rejection):
             rejected.append(result.renamed(family.label) if conflicts else result)
         else:
             stacks.append(result)
-    stacks.sort(key=lambda s: rank_key(s, ix.release))
+    keys: dict[str, tuple[int, ...]] = {}  # a few dozen version texts, each ranked once
+
+    def newest_first(text: str) -> tuple[int, ...]:
+        found = keys.get(text)
+        if found is None:
+            found = keys[text] = _neg(ix.release(text))
+        return found
+
+    stacks.sort(key=lambda s: _ranked(s, newest_first))
     return Outcome(stacks=tuple(stacks), rejected=tuple(rejected), driver=summary,
                    global_conflicts=tuple(conflicts))
 

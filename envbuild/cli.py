@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbuild import __version__
-from envbuild.errors import EXIT_INTERRUPTED, EnvbuildError, NoCompatibleStack, UsageError
+from envbuild.errors import (
+    EXIT_INTERRUPTED,
+    EnvbuildError,
+    NoCompatibleStack,
+    UsageError,
+    output_failed,
+)
 
 if TYPE_CHECKING:
     from envbuild.matrix import Matrix
@@ -270,8 +276,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if not getattr(args, "run", None):
             parser.print_help()
             return 2
-        code: int = args.run(args, env, print)
+        code: int = args.run(args, env, _print)
+        try:
+            sys.stdout.flush()  # a write error surfaces here, not at the interpreter's exit
+        except OSError as exc:
+            raise _OutputFailed(exc) from exc
         return code
+    except _OutputFailed as failed:
+        return output_failed(failed.error)
     except KeyboardInterrupt:
         print("envbuild: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -289,6 +301,25 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with --debug "
               "and report it", file=sys.stderr)
         return 1
+
+
+class _OutputFailed(Exception):
+    """Standard output could not be written; raised past the command's own handlers."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _print(*values: object, **options: Any) -> None:
+    """``print`` for a command's results: a failed write of standard output ends the
+    command as an output failure, whatever the command was doing."""
+    try:
+        print(*values, **options)
+    except OSError as exc:
+        if options.get("file") not in (None, sys.stdout):
+            raise
+        raise _OutputFailed(exc) from exc
 
 
 def _print_story(exc: EnvbuildError) -> None:

@@ -100,3 +100,29 @@ class RebootRequired(EnvbuildError):
 
 
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT = 1  # standard output could not be written (disk full, closed terminal)
+EXIT_PIPE_CLOSED = 141  # the reader closed the pipe: what a shell reports for SIGPIPE
+
+
+def output_failed(exc: OSError) -> int:
+    """Report a failure to write standard output; the exit code to end with.
+
+    A reader that stops early (``envbuild resolve --json | head``) is not an error: exit
+    quietly, as a tool killed by SIGPIPE would, with standard output pointed at /dev/null
+    so that the interpreter's last flush has nowhere left to fail. Anything else (a full
+    disk, a vanished terminal) is one line on stderr."""
+    import os
+    import sys
+
+    if isinstance(exc, BrokenPipeError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass  # stdout has no descriptor (a test's capture): nothing will flush it
+        return EXIT_PIPE_CLOSED
+    reason = exc.strerror or type(exc).__name__
+    print(f"envbuild: error[output]: cannot write standard output: {reason} — "
+          "redirect it to a writable file or free space", file=sys.stderr)
+    return EXIT_OUTPUT

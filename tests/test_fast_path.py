@@ -1,0 +1,149 @@
+"""The start-up fast path for plain ``resolve`` (envbuild/__main__.py) against the CLI.
+
+The fast path must print exactly what the argparse CLI prints, hand everything it is
+unsure of to the CLI, and, as the console script, exit with everything flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild import __main__ as entry
+from envbuild import cli
+
+# Plain commands the fast path answers itself, and failures it hands to the CLI (exit 3).
+PLAIN = [
+    ["resolve", "--driver", "550", "--json"],
+    ["resolve", "--driver", "550"],
+    ["resolve", "--driver", "550", "--explain"],
+    ["resolve", "--driver", "535", "--gpu", "H100", "--json"],
+    ["resolve", "--driver", "470", "--gpu", "K80", "--explain"],
+    ["resolve", "--driver", "580", "--gpu", "B200", "--gpu", "H100", "--json"],
+    ["resolve", "--driver", "535", "--gpu", "A100", "--datacenter", "--explain"],
+    ["resolve", "--driver", "550", "--arch", "sm_86", "--top", "50", "--explain"],
+    ["resolve", "--driver", "550", "--cuda", "11.8", "--python", "3.10", "--json"],
+    ["resolve", "--driver", "550", "--variant", "default", "--explain"],
+    ["resolve", "--driver", "550", "--variant", "cpu", "--json"],
+    ["resolve", "--gpu", "GTX 1080", "--explain"],
+    ["resolve", "--explain", "--top", "100"],
+    ["resolve", "--driver", "560", "--flavor", "devel", "--json"],
+    ["resolve", "--driver", "550", "--ubuntu", "20.04", "--explain"],
+    ["resolve", "--driver", "550", "--cudnn", "9", "--json"],
+    ["resolve", "--driver", "470.82", "--cuda", "12.4", "--json"],  # exit 3
+    ["resolve", "--driver", "418", "--gpu", "T4", "--datacenter"],  # exit 3
+    ["resolve", "--driver", "abc"],  # exit 2
+]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+@pytest.mark.parametrize("argv", PLAIN, ids=[" ".join(a) for a in PLAIN])
+def test_fast_path_prints_what_the_cli_prints(argv: list[str], env: dict[str, str],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    expected_code = cli.main(argv, env)
+    expected = capsys.readouterr()
+    for _ in range(2):  # a cold index, then the cached one
+        assert entry.main(argv, env) == expected_code
+        got = capsys.readouterr()
+        assert (got.out, got.err) == (expected.out, expected.err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["resolve", "--driver=550"],  # --opt=value: argparse's business
+    ["resolve", "--dri", "550"],  # an abbreviation argparse would accept
+    ["resolve", "--driver", "550", "--host"],
+    ["resolve", "--driver", "550", "--debug"],
+    ["resolve", "--driver", "-1"],
+    ["resolve", "--top", "0"],
+    ["resolve", "--flavor", "slim"],
+    ["resolve", "--help"],
+    ["detect"],
+    ["--matrices", "x", "render", "docker"],
+])
+def test_anything_but_a_plain_resolve_goes_to_the_cli(argv: list[str]) -> None:
+    assert entry.plain_resolve_args(argv) is None
+
+
+def test_plain_arguments_become_the_cli_namespace() -> None:
+    args = entry.plain_resolve_args(["--matrices", "/m", "resolve", "--gpu", "A", "--gpu", "B",
+                                     "--top", "3", "--json"])
+    assert args is not None
+    assert (args.matrices, args.gpu, args.top, args.json, args.flavor) == ("/m", ["A", "B"], 3,
+                                                                            True, "runtime")
+
+
+def _console(*argv: str, tmp_path: Path, stdout: Any,
+             stderr: Any) -> subprocess.CompletedProcess[bytes]:
+    """``run()``, the console script's entry, in a process of its own."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as a user's shell has it
+    code = "from envbuild.__main__ import run; run()"
+    return subprocess.run([sys.executable, "-c", code, *argv], env=env, check=False,
+                          stdout=stdout, stderr=stderr)
+
+
+def test_console_entry_flushes_everything_before_it_exits(tmp_path: Path) -> None:
+    # A pipe is block-buffered: without a flush before os._exit the JSON would be cut.
+    done = _console("resolve", "--driver", "550", "--json", tmp_path=tmp_path,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(b"\n}\n")
+    body = json.loads(done.stdout)
+    assert body["driver"]["max_cuda"] == "12.4"
+    assert len(body["stacks"]) == 10
+
+
+def test_console_entry_writes_a_short_answer_whole(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # Shorter than the pipe's buffer: nothing reaches the pipe unless it is flushed.
+    argv = ("resolve", "--driver", "550", "--top", "1")
+    assert cli.main(list(argv), {"ENVBUILD_NO_CACHE": "1"}) == 0
+    expected = capsys.readouterr().out
+    done = _console(*argv, tmp_path=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert (done.returncode, done.stdout.decode()) == (0, expected)
+
+
+def test_console_entry_hands_failures_to_the_cli(tmp_path: Path) -> None:
+    done = _console("resolve", "--driver", "470.82", "--cuda", "12.4", tmp_path=tmp_path,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert done.returncode == 3
+    assert done.stderr.decode().startswith("envbuild: error[")
+
+
+@pytest.mark.parametrize("argv", [
+    ("resolve", "--driver", "550", "--json"),  # the fast path
+    ("resolve", "--driver=550", "--json"),  # the CLI
+])
+def test_a_reader_that_stops_early_ends_the_command_quietly(argv: tuple[str, ...],
+                                                            tmp_path: Path) -> None:
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before anything is written, as with `| head -c0`
+    try:
+        done = _console(*argv, tmp_path=tmp_path, stdout=writer, stderr=subprocess.PIPE)
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (141, b"")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [
+    ("resolve", "--driver", "550", "--json"),
+    ("resolve", "--driver=550", "--json"),
+])
+def test_a_full_disk_is_one_line_and_exit_1(argv: tuple[str, ...], tmp_path: Path) -> None:
+    with open("/dev/full", "wb") as full:
+        done = _console(*argv, tmp_path=tmp_path, stdout=full, stderr=subprocess.PIPE)
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 1
+    assert len(lines) == 1
+    assert lines[0].startswith("envbuild: error[output]: cannot write standard output: ")
