@@ -211,20 +211,30 @@ def merge_rows(relation: str, old: Sequence[Row], new: Sequence[Row], prefix: st
             kept += 1
             merged.append(row)
         elif _same(row, fresh):
-            merged.append(row)  # unchanged facts: keep the row (and its date) as it is
+            merged.append(row)  # unchanged facts: keep the row (its date, notes, extras) as it is
         else:
             updated += 1
-            merged.append(fresh)
+            # Fields the source does not derive (a hand-added pip_packages, say) stay.
+            merged.append({**{k: v for k, v in row.items() if k not in _PROVENANCE}, **fresh})
     merged.extend(derived.values())
     added = len(derived)
     return merged, RelationChange(added=added, updated=updated, kept_hand_sourced=kept, dropped=dropped)
 
 
-def _same(old: Row, new: Row) -> bool:
-    def plain(row: Row) -> str:
-        return json.dumps({k: v for k, v in row.items() if k != "retrieved"}, sort_keys=True, default=str)
+_PROVENANCE = ("source", "retrieved", "note")
 
-    return plain(old) == plain(new)
+
+def _same(old: Row, new: Row) -> bool:
+    """The facts the source derives are what the row already says.
+
+    Provenance does not count: a row read by hand from a copy of the same upstream
+    document (no digest in its source, a longer note) keeps its wording while its
+    facts hold; fields only the old row has are not the source's to judge."""
+    def facts(row: Row) -> str:
+        return json.dumps({k: row.get(k) for k in new if k not in _PROVENANCE},
+                          sort_keys=True, default=str)
+
+    return facts(old) == facts(new)
 
 
 def check_shrink(relation: str, old: Sequence[Row], new: Sequence[Row], result: SourceResult) -> None:

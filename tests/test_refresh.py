@@ -514,3 +514,44 @@ def test_token_challenge_is_answered(upstream: Upstream, data: Path, env: dict[s
                    b'{"token": "t0k"}')
     run(upstream, data, env, sources=("nvidia", "tags"))
     assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_images"))
+
+
+# --- row derivation and merging, without a server ----------------------------------------
+
+
+def _cudnn_manifest(*builds: str) -> Any:
+    from envbuild.sources import Document
+
+    body = {"cudnn": {"version": "8.6.0.163",
+                      "linux-x86_64": {b: {"relative_path": f"x/{b}.tar.xz"} for b in builds}}}
+    return Document(url="https://nv.test/cudnn/redist/redistrib_8.6.0.json", status=200,
+                    headers={}, body=json.dumps(body).encode())
+
+
+def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
+    from envbuild.sources.nvidia_redistrib import cudnn_row
+
+    row = cudnn_row(_cudnn_manifest("cuda10", "cuda11"), "2026-11-21")
+    assert row is not None and row["cuda_majors"] == [11]
+    assert cudnn_row(_cudnn_manifest("cuda10"), "2026-11-21") is None
+    with pytest.raises(DataError, match="no cudaNN build"):
+        cudnn_row(_cudnn_manifest(), "2026-11-21")
+
+
+def test_merge_keeps_a_hand_read_row_whose_facts_hold() -> None:
+    from envbuild.refresh import merge_rows
+
+    prefix = "https://nv.test/"
+    hand = {"cudnn": "8.6.0.163", "cuda_majors": [11], "pip_packages": {"11": "nvidia-cudnn-cu11"},
+            "source": f"{prefix}cudnn/redist/redistrib_8.6.0.json", "retrieved": "2026-01-01",
+            "note": "read in a copy of the manifest"}
+    fresh = {"cudnn": "8.6.0.163", "cuda_majors": [11],
+             "source": f"{prefix}cudnn/redist/redistrib_8.6.0.json#sha256=ab", "retrieved": "2026-11-21",
+             "note": "derived"}
+    merged, change = merge_rows("cudnn", [hand], [fresh], prefix, allow_shrink=False)
+    assert merged == [hand] and change.updated == 0
+    # Changed facts replace the source's fields, and keep the fields it does not derive.
+    moved = dict(fresh, cuda_majors=[11, 12])
+    merged, change = merge_rows("cudnn", [hand], [moved], prefix, allow_shrink=False)
+    assert change.updated == 1
+    assert merged == [dict(moved, pip_packages={"11": "nvidia-cudnn-cu11"})]

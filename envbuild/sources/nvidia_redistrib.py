@@ -73,15 +73,21 @@ def toolkit_row(document: Document, expected: str, retrieved: str) -> Row | None
             "retrieved": retrieved, "note": note}
 
 
-def cudnn_row(document: Document, retrieved: str) -> Row:
+def cudnn_row(document: Document, retrieved: str) -> Row | None:
+    """The cudnn row of one manifest; None for a release built only for CUDA before
+    FIRST_CUDA."""
     data = load_manifest(document)
     version = _field(data, "cudnn.version", document.url)
     builds = data["cudnn"].get("linux-x86_64")
     if not isinstance(builds, dict):
         raise DataError(f"{document.url}: field 'cudnn.linux-x86_64' missing (upstream format changed?)")
-    majors = sorted(int(m[1]) for key in builds if (m := re.fullmatch(r"cuda(\d+)", key)))
-    if not majors:
+    listed = sorted(int(m[1]) for key in builds if (m := re.fullmatch(r"cuda(\d+)", key)))
+    # CUDA 10 builds of cuDNN 8.x exist, but envbuild covers CUDA from FIRST_CUDA on.
+    majors = [major for major in listed if major >= FIRST_CUDA.major]
+    if not listed:
         raise DataError(f"{document.url}: no cudaNN build under 'cudnn.linux-x86_64'")
+    if not majors:
+        return None
     return {"cudnn": version, "cuda_majors": majors,
             "source": with_digest(document.url, document.sha256), "retrieved": retrieved,
             "note": "CUDA majors: the cudaNN builds listed for linux-x86_64 in NVIDIA's redistrib manifest"}
@@ -120,6 +126,9 @@ class NvidiaSource:
         for version in manifests_listed(context.fetch.document(directory)):
             row = cudnn_row(context.fetch.document(f"{directory}redistrib_{version}.json"),
                             context.retrieved)
+            if row is None:
+                context.progress(f"nvidia cudnn {version}: no build for CUDA >= {FIRST_CUDA.major}")
+                continue
             context.progress(f"nvidia cudnn {row['cudnn']}: CUDA {row['cuda_majors']}")
             rows.append(row)
         return rows
