@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from envbuild.errors import DataError
+from envbuild.errors import DataError, exit_code_of
 from envbuild.pypi import IndexClient, collect_facts, index_url
 from envbuild.sources.pypi_source import build_documents as documents
 from envbuild.sources.yamlout import dump
@@ -113,12 +113,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        run(args)
-    except DataError as error:
-        print(error.one_line(), file=sys.stderr)
-        return error.exit_code
-    return 0
+    return exit_code_of(lambda: run(args))
 
 
 if __name__ == "__main__":

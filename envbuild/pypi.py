@@ -181,10 +181,18 @@ class HttpPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reply:
+    """One HTTP reply (or, for ``matrix refresh``, a document: ``cached`` when it came
+    from the ETag cache, after a 304 or offline)."""
+
     url: str
     status: int
     headers: Mapping[str, str]
     body: bytes
+    cached: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
 
 
 class _Retry(Exception):

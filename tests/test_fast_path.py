@@ -147,3 +147,21 @@ def test_a_full_disk_is_one_line_and_exit_1(argv: tuple[str, ...], tmp_path: Pat
     assert done.returncode == 1
     assert len(lines) == 1
     assert lines[0].startswith("envbuild: error[output]: cannot write standard output: ")
+
+
+def test_the_fast_path_values_declare_the_typed_api_fields() -> None:
+    # candidates declares Pinned and Query by hand (no dataclasses on the start-up path);
+    # resolve's dataclasses are the API. Both must list the same fields with the same types.
+    from dataclasses import fields
+
+    from envbuild import candidates, resolve
+
+    for plain, typed, names in ((candidates.Pinned, resolve.Stack, candidates.STACK_FIELDS),
+                                (candidates.Query, resolve.Request, candidates.REQUEST_FIELDS)):
+        assert tuple(f.name for f in fields(typed)) == names
+        assert tuple(plain.__annotations__) == names
+        typed_types = {f.name: str(f.type) for f in fields(typed)}
+        for name, declared in plain.__annotations__.items():
+            # resolve narrows two strings to Literal aliases; everything else is identical.
+            wanted = typed_types[name].replace("Compat", "str").replace("Flavor", "str")
+            assert declared == wanted, name

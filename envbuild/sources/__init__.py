@@ -7,28 +7,19 @@ Sources never write files: ``envbuild.refresh`` merges, validates and writes.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from envbuild.pypi import Reply
 
 Row = dict[str, Any]
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Document:
-    """One fetched document; ``cached`` when it came from the ETag cache (304 or offline)."""
-
-    url: str
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-    cached: bool = False
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.body).hexdigest()
+# A fetched document is the HTTP client's reply, with ``cached`` set when it came from
+# the ETag cache (304 or offline).
+Document = Reply
 
 
 class Fetch(Protocol):

@@ -60,11 +60,9 @@ class Fetcher:
         if reply.status == 304 and cached is not None:
             self.cache_hits += 1
             return cached
-        document = Document(url=reply.url, status=reply.status, headers=reply.headers,
-                            body=reply.body)
         if reply.status == 200 and reply.headers.get("ETag"):
-            self._write_cached(url, document, str(reply.headers["ETag"]))
-        return document
+            self._write_cached(url, reply, str(reply.headers["ETag"]))
+        return reply
 
     def immutable(self, key: str, produce: Callable[[], bytes]) -> bytes:
         """Bytes that never change for ``key`` (a wheel's METADATA): cached without revalidation."""
