@@ -445,10 +445,31 @@ def load_index(directory: str, cache_dir: str | None) -> Index:
 
     loaded = matrix.load(Path(directory), cache_dir=Path(cache_dir) if cache_dir else None)
     data = build_index(loaded)
-    if path is not None:
+    if path is not None and not _racy(signature):
         _save(path, {"format": INDEX_FORMAT, "directory": directory, "signature": signature,
                      "index": data})
     return Index(data)
+
+
+RACY_NS = 2_000_000_000  # wider than any file system's timestamp granularity
+
+
+def _racy(signature: tuple[Any, ...]) -> bool:
+    """Some data file changed too recently for its ``stat`` to tell the next change apart.
+
+    A rewrite of the same size within one timestamp tick keeps size and times equal, so
+    a signature taken in that tick could vouch for data it never saw (git's "racily
+    clean" entries). Such a signature is not saved: the index is built again until
+    the files have been still for ``RACY_NS``."""
+    import time
+
+    changed = [ident[-1] for ident in _idents(signature) if ident is not None]
+    return bool(changed) and time.time_ns() - max(changed) < RACY_NS
+
+
+def _idents(signature: tuple[Any, ...]) -> list[tuple[int, ...] | None]:
+    """The data files' identities in a ``_signature``."""
+    return [ident for _, ident in signature[2:]]
 
 
 def _save(path: str, body: dict[str, Any]) -> None:
