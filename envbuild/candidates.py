@@ -46,7 +46,7 @@ REQUEST_FIELDS = ("driver", "gpus", "torch", "python", "cuda", "cudnn", "ubuntu"
 KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "gpus": ("name", "aliases", "compute_capability", "datacenter", "min_driver_branch",
-             "last_driver_branch", "source"),
+             "last_driver_branch", "driver_source", "source"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
     "torch_companions": ("torch", "torchvision", "torchaudio"),

@@ -119,7 +119,7 @@ def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:
         datacenter=row["datacenter"],
         min_driver_branch=row.get("min_driver_branch"),
         last_driver_branch=row.get("last_driver_branch"),
-        source=row["source"],
+        source=row.get("driver_source") or row["source"],
     )
 
 

@@ -137,6 +137,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "datacenter": (_bool, True),
         "min_driver_branch": (_int, False),
         "last_driver_branch": (_int, False),
+        "driver_source": (_source, False),  # where the driver-branch facts come from
     },
     "gpu_peaks": {
         "name": (_text, True),

@@ -98,3 +98,20 @@ def test_matrix_show_and_unknown_relation(capsys: pytest.CaptureFixture[str]) ->
     assert code == 0 and "22.04" in out and "jammy" in out
     code, _, err = run(capsys, "matrix", "show", "gpu")
     assert code == 2 and "Perhaps you meant gpus?" in err
+
+
+@pytest.mark.parametrize(("argv", "cited"), [
+    (("--driver", "535", "--gpu", "H200"), "https://github.com/NVIDIA/open-gpu-kernel-modules/blob/"),
+    (("--driver", "550", "--gpu", "K80"),
+     "https://docs.nvidia.com/datacenter/tesla/drivers/cuda-toolkit-driver-and-architecture-matrix.html"),
+])
+def test_a_gpu_driver_rejection_cites_the_driver_fact(capsys: pytest.CaptureFixture[str],
+                                                      argv: tuple[str, ...], cited: str) -> None:
+    # The GPU's row cites the CUDA GPUs page for its compute capability; the driver-branch
+    # floor or ceiling comes from elsewhere (driver_source), and that is what --explain shows.
+    code, out, _ = run(capsys, "resolve", *argv, "--json")
+    assert code == 3
+    body = json.loads(out)
+    driver_rows = [r for r in body["rejected"] if r["constraint"] == "gpu-driver"]
+    assert driver_rows
+    assert all(r["source"].startswith(cited) for r in driver_rows)
