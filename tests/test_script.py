@@ -167,6 +167,25 @@ def test_policy(name: str, matrix: matrixmod.Matrix) -> None:
     assert "die 9 " in text and "exit 10" in text
 
 
+def test_host_faults_handled(matrix: matrixmod.Matrix) -> None:
+    """D6, D14, D17 in the script's text (tests/test_script_container.py runs them)."""
+    text = script.render_script(case_lock("driver550-top", matrix))["install.sh"].decode()
+    code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    # D6: the one curl of a distro-Python stack runs inside download(), into a .part name.
+    curls = [line for line in code if re.search(r"\bcurl -", line)]
+    assert len(curls) == 1 and '-o "$part"' in curls[0], curls
+    assert "6 | 7 | 18 | 28 | 52 | 55 | 56)" in text
+    assert "--retry-all-errors" not in "\n".join(code)  # Ubuntu 20.04's curl lacks it
+    # D14 and D17: files written through write_atomic only, at fixed paths.
+    assert "readonly UU_CONF=/etc/apt/apt.conf.d/51envbuild-nvidia-driver" in text
+    assert "Unattended-Upgrade::Package-Blacklist {" in text
+    assert "readonly NOUVEAU_CONF=/etc/modprobe.d/envbuild-blacklist-nouveau.conf" in text
+    assert '"blacklist nouveau"' in text and '"options nouveau modeset=0"' in text
+    assert "update-initramfs -u" in text
+    for target in ("$UU_CONF", "$NOUVEAU_CONF"):
+        assert not re.search(rf">\s*\"?\{target}", text), target  # never redirected into directly
+
+
 def header(text: str) -> tuple[list[str], str]:
     """The readonly facts (one line each) and everything else (the commands)."""
     start, end = text.index(HEADER_START), text.index(HEADER_END)

@@ -4,8 +4,9 @@ for apt-get, nvidia-smi, mokutil, lspci and curl first on PATH (tests/stubs/READ
 The container claims to be Ubuntu 22.04 through /etc/os-release; its python3 (3.11) and
 python3-venv are real, and torch comes from a local index served inside the container (a
 placeholder wheel), so venv creation, pip pins and their idempotency are the real thing.
-Exit codes checked: 0 (done, nothing to change), 9 (not root, unsupported OS, Secure Boot with the
-DKMS driver, an older driver without --replace-driver, dpkg lock held), 10 (reboot required).
+Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs rebuild failed),
+9 (not root, unsupported OS, Secure Boot with the DKMS driver, an older driver without
+--replace-driver, dpkg lock held), 10 (reboot required: a new driver, or nouveau blacklisted).
 """
 
 from __future__ import annotations
@@ -161,6 +162,26 @@ def ubuntu(h: Host) -> None:
     h.sh("rm -f /etc/os-release && cp /etc/os-release.ubuntu /etc/os-release")
 
 
+KEYRING_URL = ("https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+               "cuda-keyring_1.1-1_all.deb")
+UU_CONF = "/etc/apt/apt.conf.d/51envbuild-nvidia-driver"
+NOUVEAU_CONF = "/etc/modprobe.d/envbuild-blacklist-nouveau.conf"
+NVIDIA_PACKAGES = ("nvidia-driver-525", "libnvidia-compute-525")
+
+
+def curl_calls(h: Host) -> int:
+    """How many times the script ran curl (the stub logs each call, then each attempt inside it)."""
+    return sum(1 for line in h.log().splitlines()
+               if line.startswith("curl ") and not line.startswith("curl attempt:"))
+
+
+def reboot(h: Host) -> None:
+    """The new driver is loaded, nouveau is not, the flag is gone; the stubs' log starts empty."""
+    h.sh("rm -f /var/run/reboot-required /stub-state/nouveau")
+    h.state(driver="525.60.13")
+    h.sh(": > /stub-state/log")
+
+
 def test_not_root_exits_9_and_changes_nothing(host: Host) -> None:
     ubuntu(host)
     before = host.snapshot()
@@ -218,6 +239,8 @@ def test_install_reboot_then_second_run_changes_nothing(host: Host) -> None:
     assert "apt-get" not in host.log() and "curl" not in host.log()
     code, out = host.run("--yes", "--no-smoke")  # and a third time, the same
     assert code == 0 and host.snapshot() == before, out
+    # No unattended-upgrades on this host: no blacklist file for it (D14 writes one only beside it).
+    assert host.sh(f"test -e {UU_CONF}")[0] != 0
 
 
 def test_sufficient_driver_is_kept(host: Host) -> None:
@@ -243,6 +266,7 @@ def test_keyring_404_stops_before_any_repository_entry(host: Host) -> None:
             "cuda-keyring_1.1-1_all.deb") in out
     assert "apt-get install" not in host.log()
     assert host.snapshot() == before  # no keyring, no sources entry, no temporary file left
+    assert curl_calls(host) == 1  # an HTTP error is not a network drop: not retried
 
 
 def test_secure_boot_with_dkms_driver_exits_9(host: Host) -> None:
@@ -294,3 +318,124 @@ def test_rendered_files_match_the_lock(rendered: dict[str, bytes]) -> None:
     lock = json.loads(rendered["envbuild.lock"])
     assert lock["index_url"] == INDEX
     assert f"readonly INDEX_URL={INDEX}" in rendered["install.sh"].decode()
+
+
+# --- D6: the network drops mid-download ---------------------------------------------------------
+
+
+def test_download_cut_midway_is_retried(host: Host) -> None:
+    ubuntu(host)
+    # Two attempts cut mid-body (curl exit 18, then 56); curl's own --retry does not repeat those.
+    host.state(gpu="1", **{"curl-fail": "18 56"})
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10, out  # the driver went in after the third attempt
+    assert curl_calls(host) == 3
+    assert "curl exit 18); retrying" in out and "curl exit 56); retrying" in out
+    assert "install -y /tmp/" in host.log()  # the downloaded keyring package was installed
+    assert host.sh("ls -A /tmp")[1].strip() == ""  # no download directory or .part file left
+
+
+def test_download_failing_throughout_names_the_url_and_leaves_nothing(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", **{"curl-fail": "18 56 18 56 18 56"})
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 1, out
+    assert f"cannot download {KEYRING_URL} (curl exit 18)" in out
+    assert curl_calls(host) == 3  # the script's tries, then it gives up
+    assert "stub half" not in host.sh("cat /tmp/*/* 2>/dev/null")[1]
+    assert "apt-get install" not in host.log()
+    assert host.snapshot() == before  # the half-written file and its directory are gone
+
+
+# --- D14: unattended-upgrades present ----------------------------------------------------------
+
+
+def test_unattended_upgrades_keep_off_the_driver(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", upgradable=" ".join((*NVIDIA_PACKAGES, "python3")))
+    host.sh("/stubs/apt-get install -y unattended-upgrades && : > /stub-state/log")
+    host.sh("printf '%s\\n' 'Unattended-Upgrade::Package-Blacklist {' '  \"linux-\";' '};' "
+            "> /etc/apt/apt.conf.d/50unattended-upgrades")
+    before = host.snapshot()
+    code, out = host.run("--dry-run")
+    assert code == 0 and "keep unattended-upgrades away from the held NVIDIA packages" in out, out
+    assert host.snapshot() == before
+
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10, out
+    blacklist = host.sh("apt-config dump --format '%v%n' Unattended-Upgrade::Package-Blacklist")[1]
+    # apt itself reads the file and adds its entries to the list the distribution's file starts.
+    assert blacklist.split() == ["linux-", "^libnvidia-compute-525$", "^nvidia-driver-525$"], blacklist
+    assert host.sh(f"stat -c %a {UU_CONF}")[1].strip() == "644"
+    simulated = host.sh("/stubs/apt-get -s upgrade")[1]
+    assert "Inst python3 " in simulated  # the simulation does upgrade what is free to move
+    assert "Inst nvidia" not in simulated and "Inst libnvidia" not in simulated, simulated
+    assert "kept back" in simulated
+    dry = host.sh("/stubs/unattended-upgrade --dry-run")[1]
+    assert "Would upgrade python3" in dry
+    assert not any(f"Would upgrade {p}" in dry for p in NVIDIA_PACKAGES), dry
+
+    # Second run after the reboot: the file byte-identical, nothing else changed.
+    digest = host.sh(f"sha256sum {UU_CONF}")[1]
+    reboot(host)
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0 and "nothing to change" in out, out
+    assert host.snapshot() == before and host.sh(f"sha256sum {UU_CONF}")[1] == digest
+
+    # Without the holds apt-get would move the driver; the blacklist alone still keeps
+    # unattended-upgrades off it.
+    host.sh(f"apt-mark unhold {' '.join(NVIDIA_PACKAGES)}")
+    assert "Inst nvidia-driver-525 " in host.sh("/stubs/apt-get -s upgrade")[1]
+    dry = host.sh("/stubs/unattended-upgrade --dry-run")[1]
+    assert all(f"Package {p} is blacklisted" in dry for p in NVIDIA_PACKAGES), dry
+
+
+# --- D17: nouveau loaded -------------------------------------------------------------------------
+
+
+def test_nouveau_blacklisted_then_reboot(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", nouveau="1")
+    before = host.snapshot()
+    code, out = host.run("--dry-run")
+    assert code == 0, out
+    assert f"blacklist nouveau in {NOUVEAU_CONF} and run update-initramfs -u" in out
+    assert host.snapshot() == before and "update-initramfs" not in host.log()
+
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10, out
+    assert "REBOOT REQUIRED: nouveau is loaded" in out
+    lines = host.sh(f"cat {NOUVEAU_CONF}")[1].splitlines()
+    assert lines[1:] == ["blacklist nouveau", "options nouveau modeset=0"]
+    assert "update-initramfs -u" in host.log()
+    # The initramfs was rebuilt with the blacklist already in place.
+    assert "blacklist nouveau" in host.sh("cat /stub-state/initramfs-modprobe")[1]
+
+    # Run again before rebooting: nothing changes, and the reboot is still asked for.
+    host.sh(": > /stub-state/log")
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10 and "REBOOT REQUIRED: nouveau is loaded" in out, out
+    assert host.snapshot() == before
+    assert "update-initramfs" not in host.log() and "apt-get" not in host.log()
+
+    reboot(host)
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0 and "nothing to change" in out, out
+    assert host.snapshot() == before
+
+
+def test_nouveau_initramfs_failure_is_undone(host: Host) -> None:
+    ubuntu(host)
+    host.state(gpu="1", nouveau="1", **{"fail-initramfs": "1"})
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 1, out
+    assert "update-initramfs -u failed" in out
+    assert host.sh(f"test -e {NOUVEAU_CONF}")[0] != 0  # so that the next run rebuilds again
+    host.sh("rm -f /stub-state/fail-initramfs && : > /stub-state/log")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10 and "REBOOT REQUIRED: nouveau is loaded" in out, out
+    assert "update-initramfs -u" in host.log() and host.sh(f"test -e {NOUVEAU_CONF}")[0] == 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rendered by envbuild from envbuild.lock (torch 2.10.0, cu128, Python 3.10, Ubuntu 22.04).
 # Sets up an Ubuntu 20.04/22.04/24.04 x86_64 GPU host for this stack, as root:
-#   preflight (nothing changes before it passes) -> NVIDIA's keyring -> driver -> optional CUDA toolkit
+#   preflight (nothing changes before it passes) -> NVIDIA's keyring -> driver (held, and kept out of
+#   unattended-upgrades) -> nouveau blacklisted when loaded -> optional CUDA toolkit
 #   -> Python and a venv with the pinned torch -> the smoke test.
 # Idempotent: every step first checks whether it is already done, so a second run changes nothing.
 #
@@ -31,6 +32,15 @@ readonly REBOOT_FLAG=/var/run/reboot-required
 # supported Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Network Repo Installation).
 readonly KEYRING_DEB=cuda-keyring_1.1-1_all.deb
 readonly DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
+# Keeps nouveau from taking the GPU at boot; the two lines and the initramfs rebuild are NVIDIA's own
+# steps for Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Disabling Nouveau).
+readonly NOUVEAU_CONF=/etc/modprobe.d/envbuild-blacklist-nouveau.conf
+# apt reads every file in apt.conf.d whose name has no extension (or .conf) and only [A-Za-z0-9_.-]
+# (apt.conf(5): https://manpages.ubuntu.com/manpages/lucid/en/man5/apt.conf.5.html); list entries in a
+# later file are added to the list unattended-upgrades' own 50unattended-upgrades starts.
+readonly UU_CONF=/etc/apt/apt.conf.d/51envbuild-nvidia-driver
+# Download attempts of this script's own loop, around curl's --retry (see download()).
+readonly DOWNLOAD_TRIES=3
 
 log() { printf 'envbuild-install: %s\n' "$*"; }
 warn() { printf 'envbuild-install: warning: %s\n' "$*" >&2; }
@@ -47,6 +57,13 @@ on_error() {
 }
 trap 'on_error "$?" "$LINENO" "$BASH_COMMAND"' ERR
 trap 'printf "envbuild-install: interrupted; run the script again to finish\n" >&2; exit 130' INT TERM
+# Temporary files and directories of this run: removed however it ends, so that no half-written
+# download or configuration file outlives an error or an interrupt.
+TEMP_PATHS=()
+cleanup() {
+  ((${#TEMP_PATHS[@]} == 0)) || rm -rf -- "${TEMP_PATHS[@]}"
+}
+trap cleanup EXIT
 
 usage() {
   printf '%s\n' \
@@ -143,6 +160,48 @@ secure_boot_enabled() {
   mokutil --sb-state 2>/dev/null | grep -q 'SecureBoot enabled'
 }
 
+nouveau_loaded() { # lsmod reads /proc/modules; without kmod, read it directly
+  local modules
+  if command -v lsmod >/dev/null 2>&1; then
+    modules=$(lsmod 2>/dev/null || true)
+  else
+    modules=$(cat /proc/modules 2>/dev/null || true)
+  fi
+  printf '%s\n' "$modules" | awk '$1 == "nouveau" { found = 1 } END { exit !found }'
+}
+
+nouveau_conf_text() {
+  printf '%s\n' \
+    "# Written by envbuild's install.sh: the NVIDIA driver needs the GPU that nouveau would take." \
+    "blacklist nouveau" \
+    "options nouveau modeset=0"
+}
+
+unattended_upgrades_present() {
+  installed unattended-upgrades || [[ -e /etc/apt/apt.conf.d/50unattended-upgrades ]]
+}
+
+uu_blacklist_text() { # the apt configuration keeping unattended-upgrades off the held NVIDIA packages
+  local held=() name
+  mapfile -t held < <(apt-mark showhold 2>/dev/null | grep nvidia | sort -u || true)
+  ((${#held[@]} > 0)) || return 0
+  printf '%s\n' \
+    "// Written by envbuild's install.sh: unattended-upgrades leaves the NVIDIA driver packages it" \
+    "// installed (and holds) alone. Entries are Python regular expressions" \
+    "// (https://github.com/mvo5/unattended-upgrades, README: Unattended-Upgrade::Package-Blacklist);" \
+    "// '.' and '+' are bracketed because apt.conf leaves a backslash in a value undefined." \
+    "Unattended-Upgrade::Package-Blacklist {"
+  for name in "${held[@]}"; do
+    name=${name//./[.]}
+    printf '  "^%s$";\n' "${name//+/[+]}"
+  done
+  printf '};\n'
+}
+
+differs() { # $1 file, $2 text: status 0 when the file is missing or holds other bytes
+  ! cmp -s "$1" <(printf '%s' "$2")
+}
+
 dpkg_lock_holders() { # PIDs that hold one of dpkg's or apt's lock files open
   local fd target pid
   for fd in /proc/[0-9]*/fd/*; do
@@ -224,10 +283,23 @@ preflight() {
 preflight_driver() {
   DRIVER_NOW=$(driver_version)
   INSTALL_DRIVER=0
+  NOUVEAU_LOADED=0
   OLD_DRIVERS=()
   [[ -n $MIN_DRIVER ]] || return 0 # a CPU stack needs no GPU and no driver
   has_nvidia_gpu || die 9 "no NVIDIA GPU found (lspci -d 10de:); this stack needs one"
+  # nouveau matters only while no NVIDIA driver answers: then it holds the GPU the driver needs.
+  if [[ -z $DRIVER_NOW ]] && nouveau_loaded; then
+    if ((SKIP_DRIVER)); then
+      warn "nouveau is loaded; --skip-driver leaves it (the NVIDIA driver cannot load beside it)"
+    else
+      command -v update-initramfs >/dev/null 2>&1 \
+        || die 9 "nouveau is loaded and update-initramfs is missing: install initramfs-tools, then run again"
+      NOUVEAU_LOADED=1
+    fi
+  fi
   if [[ -z $DRIVER_NOW ]] && command -v nvidia-smi >/dev/null 2>&1 && [[ -n $(driver_packages) ]]; then
+    # With nouveau loaded the driver cannot load: plan() blacklists nouveau, the run ends in a reboot.
+    ((!NOUVEAU_LOADED)) || return 0
     if [[ -e $REBOOT_FLAG ]]; then
       log "REBOOT REQUIRED: a driver is installed but not loaded; reboot, then run this script again"
       exit 10
@@ -277,12 +349,26 @@ plan() {
   PLAN=()
   NEED_NVIDIA_REPO=0
   APT_NEEDED=()
+  WRITE_NOUVEAU=0
+  WRITE_UU=0
   if ((INSTALL_DRIVER)); then
     NEED_NVIDIA_REPO=1
     ((${#OLD_DRIVERS[@]} == 0)) || PLAN+=("unhold and purge ${OLD_DRIVERS[*]}")
     PLAN+=("install nvidia-driver-$BRANCH_WANTED (driver now: ${DRIVER_NOW:-none}, needed: >= $MIN_DRIVER) and hold it")
   elif [[ -n $MIN_DRIVER && -n $DRIVER_NOW ]]; then
     log "driver $DRIVER_NOW runs CUDA $CUDA_VERSION (needs >= $MIN_DRIVER): unchanged"
+  fi
+  if unattended_upgrades_present; then
+    local blacklist
+    blacklist=$(uu_blacklist_text)
+    if ((INSTALL_DRIVER)) || { [[ -n $blacklist ]] && differs "$UU_CONF" "$blacklist"$'\n'; }; then
+      WRITE_UU=1
+      PLAN+=("keep unattended-upgrades away from the held NVIDIA packages ($UU_CONF)")
+    fi
+  fi
+  if ((NOUVEAU_LOADED)) && differs "$NOUVEAU_CONF" "$(nouveau_conf_text)"$'\n'; then
+    WRITE_NOUVEAU=1
+    PLAN+=("blacklist nouveau in $NOUVEAU_CONF and run update-initramfs -u (a reboot follows)")
   fi
   if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
     NEED_NVIDIA_REPO=1
@@ -323,19 +409,78 @@ apt_install() {
   apt_get install -y "$@"
 }
 
+write_atomic() { # $1 target, $2 text: written beside the target, then renamed over it
+  local tmp dir
+  dir=$(dirname "$1")
+  mkdir -p "$dir"
+  # The .tmp name is one neither apt (apt.conf.d) nor modprobe (*.conf only) reads.
+  tmp=$(mktemp "$dir/.envbuild-XXXXXX.tmp")
+  TEMP_PATHS+=("$tmp")
+  printf '%s' "$2" >"$tmp"
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$1"
+}
+
+# curl's --retry repeats only what curl deems transient: a timeout or an HTTP 408, 429, 500, 502, 503
+# or 504 (https://everything.curl.dev/usingcurl/downloads/retry). A connection cut mid-body (exit 18,
+# partial file; 56, receive failure: https://everything.curl.dev/cmdline/exitcode) is not; the
+# --retry-all-errors that would cover it came in curl 7.71.0 (https://curl.se/ch/7.71.0.html), and
+# Ubuntu 20.04's curl lacks it (https://gitlab.com/fdroid/fdroidserver/-/issues/1064). So this loop
+# retries those network failures itself, into a temporary name renamed only once complete.
+DOWNLOAD_RC=0
+download() { # $1 URL, $2 file: status 0 with the whole file in place, else no file and DOWNLOAD_RC set
+  local url=$1 file=$2 part="$2.part" try
+  TEMP_PATHS+=("$part")
+  for ((try = 1; ; try++)); do
+    DOWNLOAD_RC=0
+    curl -fsSL --retry 3 --connect-timeout 30 -o "$part" "$url" || DOWNLOAD_RC=$?
+    if ((DOWNLOAD_RC == 0)); then
+      mv -f "$part" "$file"
+      return 0
+    fi
+    rm -f "$part"
+    case $DOWNLOAD_RC in
+      6 | 7 | 18 | 28 | 52 | 55 | 56) ;; # resolve, connect, partial, timeout, empty reply, send, receive
+      *) return 1 ;;
+    esac
+    ((try < DOWNLOAD_TRIES)) || return 1
+    warn "download of $url failed (curl exit $DOWNLOAD_RC); retrying in $((try * 2))s"
+    sleep $((try * 2))
+  done
+}
+
 install_keyring() {
   installed cuda-keyring && return 0
   local dir
   dir=$(mktemp -d)
+  TEMP_PATHS+=("$dir")
   # Downloaded to a fresh directory and installed as a package: apt never sees a repository entry
   # without its key, and a failed download leaves no file behind.
-  if ! curl -fsSL --retry 3 -o "$dir/$KEYRING_DEB" "$NVIDIA_REPO/$KEYRING_DEB"; then
+  if ! download "$NVIDIA_REPO/$KEYRING_DEB" "$dir/$KEYRING_DEB"; then
     rm -rf "$dir"
-    die 1 "cannot download $NVIDIA_REPO/$KEYRING_DEB"
+    die 1 "cannot download $NVIDIA_REPO/$KEYRING_DEB (curl exit $DOWNLOAD_RC); check the network, then run again"
   fi
   apt_install "$dir/$KEYRING_DEB"
   rm -rf "$dir"
   APT_UPDATED=0 # the new repository's package lists are not fetched yet
+}
+
+blacklist_nouveau() {
+  write_atomic "$NOUVEAU_CONF" "$(nouveau_conf_text)"$'\n'
+  # The initramfs carries its own copy of modprobe.d; without the rebuild nouveau still loads early.
+  if ! update-initramfs -u; then
+    rm -f "$NOUVEAU_CONF" # so that the next run writes it and rebuilds again
+    die 1 "update-initramfs -u failed; $NOUVEAU_CONF removed again: fix the cause and run again"
+  fi
+  touch "$REBOOT_FLAG"
+}
+
+keep_uu_away() {
+  local blacklist
+  blacklist=$(uu_blacklist_text)
+  [[ -n $blacklist ]] || return 0
+  differs "$UU_CONF" "$blacklist"$'\n' || return 0
+  write_atomic "$UU_CONF" "$blacklist"$'\n'
 }
 
 install_driver() {
@@ -373,6 +518,9 @@ apply() {
   ((${#APT_NEEDED[@]} == 0)) || apt_install "${APT_NEEDED[@]}"
   ((!NEED_NVIDIA_REPO)) || install_keyring
   ((!INSTALL_DRIVER)) || install_driver
+  ((!WRITE_UU)) || keep_uu_away
+  # After the driver: should its install fail, nouveau still drives the GPU at the next boot.
+  ((!WRITE_NOUVEAU)) || blacklist_nouveau
   if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
     apt_install "$TOOLKIT_PACKAGE"
   fi
@@ -416,6 +564,11 @@ main() {
     [[ $answer == [yY]* ]] || die 2 "cancelled; nothing was changed"
   fi
   apply
+  if ((NOUVEAU_LOADED)); then
+    log "REBOOT REQUIRED: nouveau is loaded; $NOUVEAU_CONF keeps it out from the next boot on;" \
+      "reboot, then run this script again"
+    exit 10
+  fi
   if ((DRIVER_INSTALLED)) && [[ -e $REBOOT_FLAG || -z $(driver_version) ]]; then
     log "REBOOT REQUIRED: the new driver loads at the next boot; reboot, then run this script again"
     exit 10
