@@ -211,10 +211,11 @@ def merge_rows(relation: str, old: Sequence[Row], new: Sequence[Row], prefix: st
             kept += 1
             merged.append(row)
         elif _same(row, fresh):
-            merged.append(row)  # unchanged facts: keep the row (its date, notes, extras) as it is
+            merged.append(row)  # unchanged facts and document: keep the row (and its date) as it is
         else:
             updated += 1
-            # Fields the source does not derive (a hand-added pip_packages, say) stay.
+            # New facts or provenance; fields the source does not derive (a hand-added
+            # pip_packages, say) stay.
             merged.append({**{k: v for k, v in row.items() if k not in _PROVENANCE}, **fresh})
     merged.extend(derived.values())
     added = len(derived)
@@ -225,16 +226,13 @@ _PROVENANCE = ("source", "retrieved", "note")
 
 
 def _same(old: Row, new: Row) -> bool:
-    """The facts the source derives are what the row already says.
+    """Nothing but the date would change: the source read the same facts from the same
+    document (same URL and digest). Fields only the old row has are not compared."""
+    def plain(row: Row) -> str:
+        return json.dumps({k: row.get(k) for k in new if k != "retrieved"}, sort_keys=True,
+                          default=str)
 
-    Provenance does not count: a row read by hand from a copy of the same upstream
-    document (no digest in its source, a longer note) keeps its wording while its
-    facts hold; fields only the old row has are not the source's to judge."""
-    def facts(row: Row) -> str:
-        return json.dumps({k: row.get(k) for k in new if k not in _PROVENANCE},
-                          sort_keys=True, default=str)
-
-    return facts(old) == facts(new)
+    return plain(old) == plain(new)
 
 
 def check_shrink(relation: str, old: Sequence[Row], new: Sequence[Row], result: SourceResult) -> None:

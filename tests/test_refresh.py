@@ -538,7 +538,7 @@ def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
         cudnn_row(_cudnn_manifest(), "2026-11-21")
 
 
-def test_merge_keeps_a_hand_read_row_whose_facts_hold() -> None:
+def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() -> None:
     from envbuild.refresh import merge_rows
 
     prefix = "https://nv.test/"
@@ -548,10 +548,12 @@ def test_merge_keeps_a_hand_read_row_whose_facts_hold() -> None:
     fresh = {"cudnn": "8.6.0.163", "cuda_majors": [11],
              "source": f"{prefix}cudnn/redist/redistrib_8.6.0.json#sha256=ab", "retrieved": "2026-11-21",
              "note": "derived"}
+    # The live document now backs the row: its provenance replaces the copy's; the
+    # hand-added pip_packages, which the source does not derive, stay.
     merged, change = merge_rows("cudnn", [hand], [fresh], prefix, allow_shrink=False)
-    assert merged == [hand] and change.updated == 0
-    # Changed facts replace the source's fields, and keep the fields it does not derive.
-    moved = dict(fresh, cuda_majors=[11, 12])
-    merged, change = merge_rows("cudnn", [hand], [moved], prefix, allow_shrink=False)
     assert change.updated == 1
-    assert merged == [dict(moved, pip_packages={"11": "nvidia-cudnn-cu11"})]
+    assert merged == [dict(fresh, pip_packages={"11": "nvidia-cudnn-cu11"})]
+    # Read again from the same document: only the date would change, so nothing does.
+    again, change = merge_rows("cudnn", merged, [dict(fresh, retrieved="2026-12-01")], prefix,
+                               allow_shrink=False)
+    assert again == merged and change.updated == 0
