@@ -97,7 +97,7 @@ def context(lock: Lock) -> dict[str, Any]:
         "facts": facts(lock), "arrays": arrays(lock),
         # The shared partials, pointed at the host's paths and the variables above.
         "python_standalone": standalone, "venv": VENV, "python_home": PYTHON_HOME,
-        "tarball": TARBALL, "pins": ['"${TORCH_PINS[@]}"'],
+        "tarball": TARBALL, "download": "download", "pins": ['"${TORCH_PINS[@]}"'],
         "index_url": '"$INDEX_URL"' if lock.index_url is not None else None,
     }
 

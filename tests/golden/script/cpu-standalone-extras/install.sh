@@ -505,7 +505,8 @@ install_driver() {
 create_venv() {
   rm -rf "$VENV"
   mkdir -p "$PREFIX"
-  curl -fsSL --retry 3 -o /opt/envbuild/python.tar.gz "$PYTHON_URL" \
+  TEMP_PATHS+=(/opt/envbuild/python.tar.gz) # gone however the run ends, a sha256 mismatch included (FAULTS D5)
+  download "$PYTHON_URL" /opt/envbuild/python.tar.gz \
    && echo "$PYTHON_SHA256  /opt/envbuild/python.tar.gz" | sha256sum -c - \
    && mkdir -p /opt/envbuild/python \
    && tar -xzf /opt/envbuild/python.tar.gz -C /opt/envbuild/python --strip-components=1 \
