@@ -463,13 +463,8 @@ def _racy(signature: tuple[Any, ...]) -> bool:
     the files have been still for ``RACY_NS``."""
     import time
 
-    changed = [ident[-1] for ident in _idents(signature) if ident is not None]
+    changed = [ident[-1] for _, ident in signature[2:] if ident is not None]  # data files' ctimes
     return bool(changed) and time.time_ns() - max(changed) < RACY_NS
-
-
-def _idents(signature: tuple[Any, ...]) -> list[tuple[int, ...] | None]:
-    """The data files' identities in a ``_signature``."""
-    return [ident for _, ident in signature[2:]]
 
 
 def _save(path: str, body: dict[str, Any]) -> None:
@@ -808,7 +803,7 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
 
 
 def evaluate(family: Family, ask: Ask, ix: Index,
-             verdicts: dict[Any, Runtime | Rejection] | None = None) -> Pinned | Rejection:
+             verdicts: dict[Any, Runtime | Rejection]) -> Pinned | Rejection:
     """Run the checks in order; the first failure is the family's rejection.
 
     ``verdicts``: driver verdicts already reached for this request (see ``driver_verdict``)."""
@@ -818,8 +813,7 @@ def evaluate(family: Family, ask: Ask, ix: Index,
         return rejection
     runtime: Runtime | None = None
     if family.row["cuda"] is not None:
-        checked = (check_driver(family, ask, ix) if verdicts is None
-                   else driver_verdict(family, ask, ix, verdicts))
+        checked = driver_verdict(family, ask, ix, verdicts)
         if isinstance(checked, Rejection):
             return checked
         runtime = checked

@@ -7,6 +7,8 @@ code raises and never prints.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -111,9 +113,6 @@ def output_failed(exc: OSError) -> int:
     quietly, as a tool killed by SIGPIPE would, with standard output pointed at /dev/null
     so that the interpreter's last flush has nowhere left to fail. Anything else (a full
     disk, a vanished terminal) is one line on stderr."""
-    import os
-    import sys
-
     if isinstance(exc, BrokenPipeError):
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -131,8 +130,6 @@ def output_failed(exc: OSError) -> int:
 def exit_code_of(action: Callable[[], object]) -> int:
     """Run ``action`` as a script's whole work: 0, or an envbuild error's one line on
     stderr and its exit code (for the maintainer scripts under bin/)."""
-    import sys
-
     try:
         action()
     except EnvbuildError as error:

@@ -82,10 +82,10 @@ def cudnn_row(document: Document, retrieved: str) -> Row | None:
     if not isinstance(builds, dict):
         raise DataError(f"{document.url}: field 'cudnn.linux-x86_64' missing (upstream format changed?)")
     listed = sorted(int(m[1]) for key in builds if (m := re.fullmatch(r"cuda(\d+)", key)))
-    # CUDA 10 builds of cuDNN 8.x exist, but envbuild covers CUDA from FIRST_CUDA on.
-    majors = [major for major in listed if major >= FIRST_CUDA.major]
     if not listed:
         raise DataError(f"{document.url}: no cudaNN build under 'cudnn.linux-x86_64'")
+    # CUDA 10 builds of cuDNN 8.x exist, but envbuild covers CUDA from FIRST_CUDA on.
+    majors = [major for major in listed if major >= FIRST_CUDA.major]
     if not majors:
         return None
     return {"cudnn": version, "cuda_majors": majors,
