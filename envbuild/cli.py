@@ -53,9 +53,12 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(*, with_render: bool = True, lazy: str | None = None) -> argparse.ArgumentParser:
+def build_parser(*, with_render: bool = True, lazy: str | None = None,
+                 refresh: bool = False) -> argparse.ArgumentParser:
     """The whole CLI. Lazily registered commands are listed by name and help only,
-    except those of the module named by ``lazy`` (all of them when ``with_render``)."""
+    except those of the module named by ``lazy`` (all of them when ``with_render``);
+    likewise ``matrix refresh``, whose module is read only when ``refresh`` (or
+    ``with_render``) asks for it."""
     parser = _Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
                      description="Reproducible GPU environments, resolved from the host driver up.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +70,7 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None) -> argpar
     _add_resolve(commands)
     _add_detect(commands)
     _add_smoke(commands)
-    _add_matrix(commands)
+    _add_matrix(commands, refresh=refresh or with_render)
     import importlib
 
     added: set[str] = set()
@@ -134,7 +137,7 @@ def _add_smoke(commands: Any) -> None:
     p.set_defaults(run=cmd_smoke)
 
 
-def _add_matrix(commands: Any) -> None:
+def _add_matrix(commands: Any, *, refresh: bool) -> None:
     p = commands.add_parser("matrix", help="validate or show the compatibility data")
     sub = p.add_subparsers(dest="matrix_command", metavar="ACTION", required=True,
                            parser_class=_Parser)
@@ -146,8 +149,11 @@ def _add_matrix(commands: Any) -> None:
     s.add_argument("relation")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_matrix_show)
-    from envbuild.refresh import add_refresh_command
-    add_refresh_command(sub, _Parser)
+    r = sub.add_parser("refresh", help="update the data from upstream (all or nothing; exit 4 on "
+                                       "any failure)")
+    if refresh:  # envbuild.refresh (dataclasses, hashlib, shutil …) only for its own command
+        from envbuild.refresh import add_refresh_arguments
+        add_refresh_arguments(r)
 
 
 def _positive_int(text: str) -> int:
@@ -269,9 +275,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         # The smoke test owns its arguments (it also runs standalone inside images).
         return run_smoke(argv[1:], env)
     try:
-        command = next((a for a in argv if not a.startswith("-")), None)
+        words = _command_words(argv)
+        command = words[0] if words else None
         lazy = LAZY_COMMANDS.get(command or "", (None,))[0]
-        parser = build_parser(with_render=command is None, lazy=lazy)
+        parser = build_parser(with_render=command is None, lazy=lazy,
+                              refresh=words[:2] == ["matrix", "refresh"])
         args = parser.parse_args(argv)
         if not getattr(args, "run", None):
             parser.print_help()
@@ -301,6 +309,21 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with --debug "
               "and report it", file=sys.stderr)
         return 1
+
+
+def _command_words(argv: Sequence[str]) -> list[str]:
+    """The command (and its action) argparse will find in ``argv``: the words that are
+    neither options nor the value of ``--matrices``, the one global option taking one."""
+    words: list[str] = []
+    value_next = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif arg == "--matrices":
+            value_next = True
+        elif not arg.startswith("-"):
+            words.append(arg)
+    return words
 
 
 class _OutputFailed(Exception):

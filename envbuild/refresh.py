@@ -463,9 +463,8 @@ def _sync_directory(path: Path) -> None:
 # --- command line ---------------------------------------------------------------------------
 
 
-def add_refresh_command(matrix_subparsers: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    p = matrix_subparsers.add_parser(
-        "refresh", help="update the data from upstream (all or nothing; exit 4 on any failure)")
+def add_refresh_arguments(p: argparse.ArgumentParser) -> None:
+    """``envbuild matrix refresh``'s options (the CLI creates the subcommand)."""
     p.add_argument("--source", action="append", choices=(*SOURCES, "all"),
                    help="which upstream to read (repeatable; default: all)")
     p.add_argument("--only", action="append", choices=PROJECTS,

@@ -107,3 +107,30 @@ def test_json_failure_contract(capsys: pytest.CaptureFixture[str]) -> None:
     body = json.loads(out)
     assert set(body) >= {"error", "conflicts", "fixes"}
     assert body["fixes"] and body["conflicts"]
+
+
+def test_a_lazy_command_after_the_matrices_option(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: os.PathLike[str]) -> None:
+    # The value of --matrices is not the command: `lock` must still get its options.
+    from pathlib import Path
+
+    data = str(Path(__file__).resolve().parents[1] / "matrices")
+    target = Path(tmp_path) / "envbuild.lock"
+    code, _, err = run(capsys, "--matrices", data, "lock", "--driver", "550", "-o", str(target))
+    assert (code, err) == (0, "")
+    assert target.is_file()
+
+
+def test_only_matrix_refresh_reads_the_refresh_module() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "host" / "rtx4090_table.txt"
+    probe = ("import sys; from envbuild.cli import main; code = main(sys.argv[1:]); "
+             "print(code, 'envbuild.refresh' in sys.modules)")
+    for argv, loaded in ((["detect", "--from", str(fixture)], "False"),
+                         (["matrix", "refresh", "--source", "nowhere"], "True")):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                              check=False)
+        assert done.stdout.splitlines()[-1].split()[-1] == loaded, (argv, done.stderr)
