@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from envbuild.matrix import Matrix
 
 EXIT_CODES_HELP = """exit codes:
-  0 success              2 invalid input (nothing written)   3 no compatible stack
-  4 data error           5 Docker unreachable                6 image build failed
-  7 smoke test failed    8 GPU runtime/driver missing        9 host preflight failed
-  10 reboot required     130 interrupted"""
+  0 success              1 output unwritable or bug          2 invalid input (nothing written)
+  3 no compatible stack  4 data error                        5 Docker unreachable
+  6 image build failed   7 smoke test failed                 8 GPU runtime/driver missing
+  9 host preflight failed  10 reboot required  130 interrupted  141 output pipe closed"""
 
 
 class _Parser(argparse.ArgumentParser):
