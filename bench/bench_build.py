@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envbuild import build  # noqa: E402
+from envbuild.engine import build  # noqa: E402
 
 # Run inside the image: every CUDA shared library, grouped by file name.
 SCAN = r"""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envbuild import refresh
+from envbuild.upstream import refresh
 
 REPO = Path(__file__).resolve().parents[1]
 

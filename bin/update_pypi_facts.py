@@ -27,9 +27,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from envbuild.errors import DataError, exit_code_of
-from envbuild.pypi import IndexClient, collect_facts, index_url
-from envbuild.sources.pypi_source import build_documents as documents
-from envbuild.sources.yamlout import dump
+from envbuild.upstream.pypi import IndexClient, collect_facts, index_url
+from envbuild.upstream.sources.pypi_source import build_documents as documents
+from envbuild.upstream.sources.yamlout import dump
 
 
 def render(document: Mapping[str, Any]) -> str:

@@ -33,8 +33,8 @@ from packaging.version import Version
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from envbuild.errors import DataError, exit_code_of
-from envbuild.lock import write_atomic
-from envbuild.pypi import (
+from envbuild.fs import write_file as write_atomic
+from envbuild.upstream.pypi import (
     FIRST_TORCH,
     LINUX_MARKERS,
     LINUX_X86_64,

@@ -99,13 +99,13 @@ def fast_resolve(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
     if args is None:
         return None
     try:
-        from envbuild import candidates, report
-        from envbuild.matrix import cache_directory_name, default_directory_name
-        from envbuild.selection import build_query
+        from envbuild.data.matrix import cache_directory_name, default_directory_name
+        from envbuild.resolver import candidates, report
+        from envbuild.resolver.selection import Selectors, build_query
 
         directory = args.matrices or default_directory_name(env)
         index = candidates.load_index(directory, cache_directory_name(env))
-        query = build_query(args, index, env)  # type: ignore[arg-type]
+        query = build_query(Selectors.of(args), index, env)
         outcome = candidates.solve(query, index)
         if not outcome.stacks:
             return None  # the CLI explains the failure and re-solves the ways out
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     code = fast_resolve(argv, env)
     if code is not None:
         return code
-    from envbuild.cli import main as cli_main
+    from envbuild.commands.cli import main as cli_main
 
     return cli_main(argv, env)
 
@@ -158,7 +158,7 @@ def run() -> None:
     code = fast_resolve(argv, env)
     if code is None:
         gc.enable()
-        from envbuild.cli import main as cli_main
+        from envbuild.commands.cli import main as cli_main
 
         sys.exit(cli_main(argv, env))
     try:  # noqa: SIM105 - contextlib.suppress would be one more import at start-up

@@ -15,8 +15,8 @@ import docker.errors
 import pytest
 import requests.exceptions
 
-from envbuild import build
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.engine import build
 from envbuild.errors import BuildFailed, DockerUnavailable, GpuRuntimeMissing, SmokeFailed, UsageError
 
 # --- the context tar ----------------------------------------------------------------------

@@ -15,13 +15,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild import ci, render
-from envbuild import matrix as matrixmod
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.data import matrix as matrixmod
+from envbuild.data.peaks import peaks_json
 from envbuild.errors import UsageError
-from envbuild.lock import read_lock
-from envbuild.peaks import peaks_json
-from envbuild.resolve import Request, resolve
+from envbuild.render import ci
+from envbuild.render import docker as render
+from envbuild.render.lock import read_lock
+from envbuild.resolver.resolve import Request, resolve
 
 GOLDEN = Path(__file__).parent / "golden" / "ci"
 ENV = {"ENVBUILD_NO_CACHE": "1"}
@@ -507,8 +508,8 @@ def test_target_names_follow_buildx(sid: str) -> None:
 
 
 def test_resolve_does_not_import_ci() -> None:
-    code = ("import sys; from envbuild.cli import main; "
-            "main(['resolve', '--top', '1']); print('envbuild.ci' in sys.modules)")
+    code = ("import sys; from envbuild.commands.cli import main; "
+            "main(['resolve', '--top', '1']); print('envbuild.render.ci' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"ENVBUILD_NO_CACHE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from envbuild.cli import main
+from envbuild.commands.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -127,8 +127,8 @@ def test_only_matrix_refresh_reads_the_refresh_module() -> None:
     from pathlib import Path
 
     fixture = Path(__file__).parent / "fixtures" / "host" / "rtx4090_table.txt"
-    probe = ("import sys; from envbuild.cli import main; code = main(sys.argv[1:]); "
-             "print(code, 'envbuild.refresh' in sys.modules)")
+    probe = ("import sys; from envbuild.commands.cli import main; code = main(sys.argv[1:]); "
+             "print(code, 'envbuild.upstream.refresh' in sys.modules)")
     for argv, loaded in ((["detect", "--from", str(fixture)], "False"),
                          (["matrix", "refresh", "--source", "nowhere"], "True")):
         done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,

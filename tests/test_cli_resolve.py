@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import host
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.host import probe as host
 
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 

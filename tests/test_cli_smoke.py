@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import matrix
-from envbuild.cli import main
-from envbuild.peaks import peaks_json, peaks_table
+from envbuild.commands.cli import main
+from envbuild.data import matrix
+from envbuild.data.peaks import peaks_json, peaks_table
 
 BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
 pytest.importorskip("torch")

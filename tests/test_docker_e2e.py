@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from envbuild import build
+from envbuild.engine import build
 from envbuild.errors import BuildFailed, SmokeFailed
 
 pytestmark = pytest.mark.docker

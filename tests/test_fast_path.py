@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from envbuild import __main__ as entry
-from envbuild import cli
+from envbuild.commands import cli
 
 # Plain commands the fast path answers itself, and failures it hands to the CLI (exit 3).
 PLAIN = [
@@ -154,8 +154,7 @@ def test_the_fast_path_values_declare_the_typed_api_fields() -> None:
     # resolve's dataclasses are the API. Both must list the same fields with the same types.
     from dataclasses import fields
 
-    from envbuild import candidates, resolve
-
+    from envbuild.resolver import candidates, resolve
     for plain, typed, names in ((candidates.Pinned, resolve.Stack, candidates.STACK_FIELDS),
                                 (candidates.Query, resolve.Request, candidates.REQUEST_FIELDS)):
         assert tuple(f.name for f in fields(typed)) == names

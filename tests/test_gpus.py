@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from envbuild.data.gpus import coverage, find_gpu, target_from_arch
 from envbuild.errors import UsageError
-from envbuild.gpus import coverage, find_gpu, target_from_arch
 
 ROWS = [
     {"name": "NVIDIA GeForce RTX 4090", "aliases": ["RTX 4090", "4090"],

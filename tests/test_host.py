@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from envbuild import host
 from envbuild.errors import UsageError
-from envbuild.host import GpuFacts, HostFacts
+from envbuild.host import probe as host
+from envbuild.host.probe import GpuFacts, HostFacts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 

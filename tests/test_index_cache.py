@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import candidates, matrix
+from envbuild.data import matrix
+from envbuild.resolver import candidates
 
 REPO_MATRICES = Path(__file__).resolve().parents[1] / "matrices"
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from envbuild import lock as lockmod
-from envbuild import matrix as matrixmod
-from envbuild import render
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.data import matrix as matrixmod
+from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
-from envbuild.resolve import Request, Stack, resolve
-from envbuild.versions import DriverVersion, parse_requirement
+from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
+from envbuild.resolver.resolve import Request, Stack, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_parse_pins_evaluates_markers_per_python(script: ModuleType) -> None:
 
 
 def test_pick_prefers_the_newest_manylinux(script: ModuleType) -> None:
-    from envbuild.pypi import parse_simple_page
+    from envbuild.upstream.pypi import parse_simple_page
 
     names = ["nvidia_x-1.0-py3-none-manylinux1_x86_64.whl",
              "nvidia_x-1.0-py3-none-manylinux_2_27_x86_64.whl",

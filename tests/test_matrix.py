@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from envbuild import matrix
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.data import matrix
+from envbuild.data.versions import parse_requirement
 from envbuild.errors import DataError
-from envbuild.resolve import Request, resolve
-from envbuild.versions import parse_requirement
+from envbuild.resolver.resolve import Request, resolve
 
 BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
 

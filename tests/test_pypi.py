@@ -30,8 +30,8 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from envbuild import pypi
 from envbuild.errors import DataError
+from envbuild.upstream import pypi
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,9 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from envbuild import cli, refresh
+from envbuild.commands import cli
 from envbuild.errors import DataError
-from envbuild.pypi import HttpPolicy
+from envbuild.upstream import refresh
+from envbuild.upstream.pypi import HttpPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "refresh"
@@ -406,7 +407,7 @@ def test_e9_redirect_from_https_to_http_is_refused(upstream: Upstream, data: Pat
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-from envbuild import refresh
+from envbuild.upstream import refresh
 stage = sys.argv[2]
 def checkpoint(name):
     if name == stage:
@@ -466,7 +467,7 @@ def test_e12_offline_never_connects(upstream: Upstream, data: Path, env: dict[st
 
 
 def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
-    from envbuild import matrix
+    from envbuild.data import matrix
 
     before = snapshot(data)
     with refresh.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
@@ -500,7 +501,7 @@ def test_merge_keeps_hand_rows_replaces_own_rows_and_appends_new() -> None:
 @pytest.mark.parametrize(("variant", "cuda"), [("cpu", None), ("cu118", "11.8"), ("cu121", "12.1"),
                                                ("cu130", "13.0")])
 def test_cuda_of_variant(variant: str, cuda: str | None) -> None:
-    from envbuild.sources.pytorch_index import cuda_of
+    from envbuild.upstream.sources.pytorch_index import cuda_of
 
     assert cuda_of(variant) == cuda
 
@@ -520,7 +521,7 @@ def test_token_challenge_is_answered(upstream: Upstream, data: Path, env: dict[s
 
 
 def _cudnn_manifest(*builds: str) -> Any:
-    from envbuild.sources import Document
+    from envbuild.upstream.sources import Document
 
     body = {"cudnn": {"version": "8.6.0.163",
                       "linux-x86_64": {b: {"relative_path": f"x/{b}.tar.xz"} for b in builds}}}
@@ -529,7 +530,7 @@ def _cudnn_manifest(*builds: str) -> Any:
 
 
 def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
-    from envbuild.sources.nvidia_redistrib import cudnn_row
+    from envbuild.upstream.sources.nvidia_redistrib import cudnn_row
 
     row = cudnn_row(_cudnn_manifest("cuda10", "cuda11"), "2026-11-21")
     assert row is not None and row["cuda_majors"] == [11]
@@ -539,7 +540,7 @@ def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
 
 
 def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() -> None:
-    from envbuild.refresh import merge_rows
+    from envbuild.upstream.refresh import merge_rows
 
     prefix = "https://nv.test/"
     hand = {"cudnn": "8.6.0.163", "cuda_majors": [11], "pip_packages": {"11": "nvidia-cudnn-cu11"},

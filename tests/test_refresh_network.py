@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envbuild import refresh
+from envbuild.upstream import refresh
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS = ("default_variant", "python", "requires_python", "platform_tag", "cuda_runtime", "cudnn", "nccl")

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild import lock as lockmod
-from envbuild import matrix as matrixmod
-from envbuild import render
+from envbuild.data import matrix as matrixmod
+from envbuild.data.gpus import find_gpu
+from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
-from envbuild.gpus import find_gpu
-from envbuild.resolve import Request, Stack, resolve
-from envbuild.versions import DriverVersion, parse_requirement
+from envbuild.fs import write_file
+from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
+from envbuild.resolver.resolve import Request, Stack, resolve
 
 GOLDEN = Path(__file__).parent / "golden"
 SHA = "0" * 64
@@ -104,7 +105,7 @@ def test_golden(name: str, matrix: matrixmod.Matrix, tmp_path: Path,
             (folder / f).write_bytes(files[f])
     for f in wanted:
         assert files[f] == (folder / f).read_bytes(), f"{name}/{f} differs; review, then --update-golden"
-    assert files["smoke.py"] == (Path(render.__file__).parent / "smoke.py").read_bytes()
+    assert files["smoke.py"] == (Path(render.__file__).parents[1] / "smoke.py").read_bytes()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -250,7 +251,7 @@ def test_bad_lock_is_usage_error(mutate: Any, matrix: matrixmod.Matrix) -> None:
 def test_lock_round_trip_and_write_atomic(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
     good = render.lock_for(top(matrix, driver=d("550")), matrix, render.RenderOptions())
     path = tmp_path / "envbuild.lock"
-    lockmod.write_atomic(path, good.to_json().encode())
+    write_file(path, good.to_json().encode())
     assert lockmod.read_lock(path) == good
     assert list(tmp_path.iterdir()) == [path]
     with pytest.raises(UsageError):

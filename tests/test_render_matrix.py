@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from envbuild import lock as lockmod
-from envbuild import matrix as matrixmod
-from envbuild import render
-from envbuild.resolve import Flavor, Request, Stack, resolve
+from envbuild.data import matrix as matrixmod
+from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
+from envbuild.resolver.resolve import Flavor, Request, Stack, resolve
 
 PY_URL = "https://mirror.example/cpython-install_only.tar.gz"  # a test value, not a real build
 SHA = "0" * 64

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild import matrix as matrixmod
-from envbuild import render
-from envbuild.cli import main
+from envbuild.commands.cli import main
+from envbuild.data import matrix as matrixmod
+from envbuild.data.versions import DriverVersion
 from envbuild.errors import UsageError
-from envbuild.resolve import Request, Stack, resolve
-from envbuild.versions import DriverVersion
+from envbuild.render import docker as render
+from envbuild.resolver.resolve import Request, Stack, resolve
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 # Characters no field but an env value may hold, and line breaks no field may hold at all.

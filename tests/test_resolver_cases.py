@@ -15,8 +15,8 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from envbuild.cli import main
-from envbuild.versions import DriverVersion
+from envbuild.commands.cli import main
+from envbuild.data.versions import DriverVersion
 
 CASES = yaml.safe_load((Path(__file__).parent / "resolver_cases.yaml").read_text())
 OPERATORS = (">=", "<=", "!=", ">", "<", "^")

@@ -18,13 +18,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild import cli, render, script
-from envbuild import lock as lockmod
-from envbuild import matrix as matrixmod
+from envbuild.commands import cli
+from envbuild.data import matrix as matrixmod
+from envbuild.data.gpus import find_gpu
+from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
-from envbuild.gpus import find_gpu
-from envbuild.resolve import Request, Stack, resolve
-from envbuild.versions import DriverVersion, parse_requirement
+from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
+from envbuild.render import script
+from envbuild.resolver.resolve import Request, Stack, resolve
 
 GOLDEN = Path(__file__).parent / "golden" / "script"
 SHA = "0" * 64
@@ -100,7 +102,7 @@ def test_render_twice_and_from_lock_same_bytes(name: str, matrix: matrixmod.Matr
     assert script.render_script(case_lock(name, matrix)) == first
     assert script.render_script(lockmod.from_json(first["envbuild.lock"].decode())) == first
     assert sorted(first) == ["envbuild.lock", "install.sh", "smoke.py"]
-    assert first["smoke.py"] == (Path(script.__file__).parent / "smoke.py").read_bytes()
+    assert first["smoke.py"] == (Path(script.__file__).parents[1] / "smoke.py").read_bytes()
 
 
 def scriptable_stacks(m: matrixmod.Matrix) -> list[tuple[str, lockmod.Lock]]:

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from envbuild import lock as lockmod
-from envbuild import matrix as matrixmod
-from envbuild import script
-from envbuild.resolve import Request, resolve
-from envbuild.versions import DriverVersion
+from envbuild.data import matrix as matrixmod
+from envbuild.data.versions import DriverVersion
+from envbuild.render import lock as lockmod
+from envbuild.render import script
+from envbuild.resolver.resolve import Request, resolve
 
 pytestmark = pytest.mark.docker
 

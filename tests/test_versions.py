@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from envbuild.data.versions import DriverVersion, cuda_tag, parse_requirement
 from envbuild.errors import UsageError
-from envbuild.versions import DriverVersion, cuda_tag, parse_requirement
 
 
 @pytest.mark.parametrize(

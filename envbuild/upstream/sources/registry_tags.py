@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from envbuild.errors import DataError
-from envbuild.sources import Context, Document, Row, SourceResult, cuda_minors, with_digest
+from envbuild.upstream.sources import Context, Document, Row, SourceResult, cuda_minors, with_digest
 
 DEFAULT_URL = "https://registry-1.docker.io/v2/nvidia/cuda/"
 PAGE_SIZE = 1000

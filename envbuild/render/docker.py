@@ -9,10 +9,7 @@ is checked in ``envbuild.lock`` before anything is rendered.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -20,8 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
-from envbuild.lock import (
+from envbuild.fs import FileData, UnwritableDirectory, write_file, write_tree
+from envbuild.render.lock import (
     Lock,
     Standalone,
     check_debian_package,
@@ -33,10 +32,8 @@ from envbuild.lock import (
     check_user_name,
     make_lock,
     read_lock,
-    write_atomic,
 )
-from envbuild.matrix import Matrix
-from envbuild.resolve import Stack
+from envbuild.resolver.resolve import Stack
 
 if TYPE_CHECKING:
     import jinja2
@@ -50,7 +47,6 @@ _WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]
                             r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
 
 # A rendered file's content: bytes, or a path to copy as is (large wheels are not read in).
-FileData = bytes | Path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,7 +158,7 @@ def _templates_dir() -> Path:
     packaged = Path(str(resources.files("envbuild"))) / "templates"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 @cache  # one loader and template cache per process; templates are read-only files
@@ -285,7 +281,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
                 peaks=peaks is not None))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = lock.to_json().encode("utf-8")
-    files["smoke.py"] = (Path(__file__).resolve().parent / "smoke.py").read_bytes()
+    files["smoke.py"] = (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
     if peaks is not None:
         files[PEAKS_NAME] = peaks
     for wheel in options.wheelhouse:
@@ -312,37 +308,12 @@ def write_output(files: Mapping[str, FileData], out_dir: Path, *, force: bool) -
     parent = out_dir.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out_dir.name}.tmp-"))
     except OSError as exc:
         raise UsageError(f"cannot write to {parent}: {exc.strerror}") from None
     try:
-        for name, data in files.items():
-            target = tmp / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(data, Path):
-                shutil.copyfile(data, target)
-            else:
-                target.write_bytes(data)
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would surprise whoever builds from it
-        _swap_in(tmp, out_dir.resolve())
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _swap_in(tmp: Path, target: Path) -> None:
-    if not target.exists():
-        os.replace(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
-    os.rmdir(old)
-    os.replace(target, old)
-    try:
-        os.replace(tmp, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        write_tree(files, out_dir.resolve())
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {parent}: {exc.strerror}") from None
 
 
 # --- command line (cli.py wires these in with one call) --------------------------------
@@ -368,7 +339,7 @@ def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser
     d.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     d.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     d.set_defaults(run=cmd_render_docker)
-    from envbuild import script  # render script / cloud-init: the same selectors and options
+    from envbuild.render import script  # render script / cloud-init: the same selectors and options
 
     script.add_targets(sub, add_selectors, add_render_options)
 
@@ -407,11 +378,11 @@ def _options(args: argparse.Namespace, env: Mapping[str, str]) -> RenderOptions:
 
 
 def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
-    from envbuild.resolve import explain_failure, resolve
-    from envbuild.selection import build_request
+    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.selection import Selectors, build_request
 
     options = _options(args, env)
-    request = build_request(args, matrix, env)
+    request = build_request(Selectors.of(args), matrix, env)
     resolution = resolve(request, matrix)
     if not resolution.stacks:
         raise explain_failure(request, matrix, resolution)
@@ -426,29 +397,29 @@ def _warn_duplicate_cuda(lock: Lock) -> None:
     """The same CUDA libraries in the base image and the wheels: worth a line, not a failure."""
     import sys
 
-    from envbuild.lock import duplicate_cuda
+    from envbuild.render.lock import duplicate_cuda
 
     for warning in duplicate_cuda(lock):
         print(f"warning: {warning}", file=sys.stderr)
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.cli import load_matrix
+    from envbuild.commands.cli import load_matrix
 
     lock = resolve_lock(args, env, load_matrix(args, env))
     _warn_duplicate_cuda(lock)
     path = Path(args.output)
     if not path.parent.resolve().is_dir():
         raise UsageError(f"directory of {path} does not exist")
-    write_atomic(path, lock.to_json().encode("utf-8"))
+    write_file(path, lock.to_json().encode("utf-8"))
     out(f"wrote {path}")
     return 0
 
 
 def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
     """The lock (read or resolved) and the build context's files, for render docker and build."""
-    from envbuild.cli import load_matrix
-    from envbuild.peaks import peaks_json
+    from envbuild.commands.cli import load_matrix
+    from envbuild.data.peaks import peaks_json
 
     matrix = load_matrix(args, env)
     options = _options(args, env)

@@ -33,17 +33,15 @@ Format (schema 1, JSON object, keys sorted):
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
-from envbuild.matrix import Matrix, Row
-from envbuild.resolve import PYTORCH_INDEX, Stack
+from envbuild.resolver.resolve import PYTORCH_INDEX, Stack
 
 SCHEMA = 1
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
@@ -423,20 +421,6 @@ def read_lock(path: Path) -> Lock:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read lock {path}: {exc}") from None
     return from_json(text)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it: complete or untouched."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- validators for user values: each raises UsageError naming the field ---------------

@@ -24,7 +24,7 @@ from envbuild.errors import (
 )
 
 if TYPE_CHECKING:
-    from envbuild.matrix import Matrix
+    from envbuild.data.matrix import Matrix
 
 EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
@@ -44,12 +44,12 @@ class _Parser(argparse.ArgumentParser):
 # ``<module>.add_commands(commands, add_selectors, parser_class)`` only when one of the
 # module's commands runs (or for --help), so ``envbuild resolve`` never pays for them.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "lock": ("envbuild.render", "pin a resolved stack into envbuild.lock"),
-    "render": ("envbuild.render", "write a Dockerfile (and lock, smoke test) for a stack"),
-    "build": ("envbuild.build", "render a stack and build its image on a Docker engine"),
-    "verify": ("envbuild.build", "run an image's smoke test in a container"),
-    "clean": ("envbuild.build", "remove containers envbuild left behind"),
-    "ci": ("envbuild.ci", "a GitHub Actions workflow or docker-bake.hcl for the top stacks"),
+    "lock": ("envbuild.render.docker", "pin a resolved stack into envbuild.lock"),
+    "render": ("envbuild.render.docker", "write a Dockerfile (and lock, smoke test) for a stack"),
+    "build": ("envbuild.engine.build", "render a stack and build its image on a Docker engine"),
+    "verify": ("envbuild.engine.build", "run an image's smoke test in a container"),
+    "clean": ("envbuild.engine.build", "remove containers envbuild left behind"),
+    "ci": ("envbuild.render.ci", "a GitHub Actions workflow or docker-bake.hcl for the top stacks"),
 }
 
 
@@ -152,7 +152,7 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
     r = sub.add_parser("refresh", help="update the data from upstream (all or nothing; exit 4 on "
                                        "any failure)")
     if refresh:  # envbuild.refresh (dataclasses, hashlib, shutil …) only for its own command
-        from envbuild.refresh import add_refresh_arguments
+        from envbuild.upstream.refresh import add_refresh_arguments
         add_refresh_arguments(r)
 
 
@@ -166,19 +166,19 @@ def _positive_int(text: str) -> int:
 
 
 def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
-    from envbuild import matrix
+    from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
     return matrix.load(directory, cache_dir=matrix.cache_directory(env))
 
 
 def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild import report
-    from envbuild.resolve import explain_failure, resolve
-    from envbuild.selection import build_request
+    from envbuild.resolver import report
+    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.selection import Selectors, build_request
 
     matrix = load_matrix(args, env)
-    request = build_request(args, matrix, env)
+    request = build_request(Selectors.of(args), matrix, env)
     resolution = resolve(request, matrix)
     if not resolution.stacks:
         failure = explain_failure(request, matrix, resolution)
@@ -193,7 +193,7 @@ def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
 
 
 def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild import host
+    from envbuild.host import probe as host
 
     if args.from_file:
         try:
@@ -217,8 +217,8 @@ def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
     import tempfile
 
     from envbuild import smoke
+    from envbuild.data.peaks import peaks_json
     from envbuild.errors import DataError
-    from envbuild.peaks import peaks_json
 
     if any(a == "--peaks" or a.startswith("--peaks=") for a in argv) or \
             any(a in ("-h", "--help") for a in argv):
@@ -236,7 +236,7 @@ def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
 
 def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
                         out: Callable[[str], None]) -> int:
-    from envbuild import matrix
+    from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
     data = matrix.load(directory, cache_dir=None)
@@ -249,8 +249,8 @@ def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
 
 def cmd_matrix_show(args: argparse.Namespace, env: Mapping[str, str],
                     out: Callable[[str], None]) -> int:
-    from envbuild import report
-    from envbuild.matrix import RELATIONS
+    from envbuild.data.matrix import RELATIONS
+    from envbuild.resolver import report
 
     if args.relation not in RELATIONS:
         import difflib

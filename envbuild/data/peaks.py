@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envbuild.matrix import Matrix
+from envbuild.data.matrix import Matrix
 
 PEAK_FIELDS = ("fp32_tflops", "fp16_tflops", "bf16_tflops", "memory_bandwidth_gbs")
 

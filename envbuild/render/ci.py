@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import UsageError
-from envbuild.lock import Lock, check_image_reference, check_url, distro_python
+from envbuild.render.lock import Lock, check_image_reference, check_url, distro_python
 
 if TYPE_CHECKING:
-    from envbuild.matrix import Matrix
-    from envbuild.render import FileData, Out
-    from envbuild.resolve import Stack
+    from envbuild.data.matrix import Matrix
+    from envbuild.fs import FileData
+    from envbuild.render.docker import Out
+    from envbuild.resolver.resolve import Stack
 
 WORKFLOW_PATH = ".github/workflows/envbuild.yml"
 MATRIX_PATH = "stacks/matrix.json"
@@ -161,8 +162,8 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
     sha256, one per Python: that is a single-stack choice ('envbuild render docker').
     The wheel index, as for render docker: ``index_url`` (--index-url), else the stack's
     own, else ``package_index`` ($PIP_INDEX_URL, for the 'default' variant)."""
-    from envbuild.peaks import peaks_json
-    from envbuild.render import RenderOptions, lock_for, render_docker
+    from envbuild.data.peaks import peaks_json
+    from envbuild.render.docker import RenderOptions, lock_for, render_docker
 
     peaks = peaks_json(matrix)
     chosen: list[CiStack] = []
@@ -464,12 +465,12 @@ def _top(text: str) -> int:
 
 
 def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStack], list[str]]:
-    from envbuild.cli import load_matrix
-    from envbuild.resolve import explain_failure, resolve
-    from envbuild.selection import build_request
+    from envbuild.commands.cli import load_matrix
+    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.selection import Selectors, build_request
 
     matrix = load_matrix(args, env)
-    request = build_request(args, matrix, env)
+    request = build_request(Selectors.of(args), matrix, env)
     resolution = resolve(request, matrix)
     if not resolution.stacks:
         raise explain_failure(request, matrix, resolution)
@@ -479,7 +480,7 @@ def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStac
 
 def _run(args: argparse.Namespace, env: Mapping[str, str], out: Out,
          render: Callable[[Sequence[CiStack], CiOptions], dict[str, FileData]]) -> int:
-    from envbuild.render import write_output
+    from envbuild.render.docker import write_output
 
     options = parse_ci_options(registry=args.registry,
                                runner_labels=getattr(args, "gpu_runner_label", ()),

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from envbuild.errors import DataError, UsageError
 
 if TYPE_CHECKING:
-    from envbuild.pypi import HttpPolicy
-    from envbuild.sources import Row, Source, SourceResult
+    from envbuild.upstream.pypi import HttpPolicy
+    from envbuild.upstream.sources import Row, Source, SourceResult
 
 SOURCES = ("nvidia", "pypi", "pytorch", "tags")  # run in this order: later ones read earlier rows
 PROJECTS = ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "images")
@@ -106,8 +106,8 @@ class RefreshReport:
 
 def refresh(options: RefreshOptions, env: Mapping[str, str], progress: Log,
             checkpoint: Callable[[str], None] | None = None) -> RefreshReport:
-    from envbuild import matrix
-    from envbuild.sources.fetch import Fetcher
+    from envbuild.data import matrix
+    from envbuild.upstream.sources.fetch import Fetcher
 
     started = time.monotonic()
     check_upstream_urls(options)
@@ -134,7 +134,7 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], progress: Log,
 
 
 def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> Any:
-    from envbuild.pypi import IndexClient, index_url
+    from envbuild.upstream.pypi import IndexClient, index_url
 
     # The client is also the HTTP client of the other sources; only pypi needs an index.
     index = index_url(options.index_url, env) if "pypi" in options.sources else NO_INDEX
@@ -142,13 +142,13 @@ def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> A
 
 
 def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
-    from envbuild.sources.nvidia_redistrib import DEFAULT_URL as NVIDIA
-    from envbuild.sources.nvidia_redistrib import NvidiaSource
-    from envbuild.sources.pypi_source import PypiSource
-    from envbuild.sources.pytorch_index import DEFAULT_URL as PYTORCH
-    from envbuild.sources.pytorch_index import PytorchIndexSource
-    from envbuild.sources.registry_tags import DEFAULT_URL as REGISTRY
-    from envbuild.sources.registry_tags import RegistryTagsSource
+    from envbuild.upstream.sources.nvidia_redistrib import DEFAULT_URL as NVIDIA
+    from envbuild.upstream.sources.nvidia_redistrib import NvidiaSource
+    from envbuild.upstream.sources.pypi_source import PypiSource
+    from envbuild.upstream.sources.pytorch_index import DEFAULT_URL as PYTORCH
+    from envbuild.upstream.sources.pytorch_index import PytorchIndexSource
+    from envbuild.upstream.sources.registry_tags import DEFAULT_URL as REGISTRY
+    from envbuild.upstream.sources.registry_tags import RegistryTagsSource
 
     made: dict[str, Source] = {
         "nvidia": NvidiaSource(base_url=options.nvidia_url or NVIDIA),
@@ -163,7 +163,7 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
 def collect(options: RefreshOptions, env: Mapping[str, str], documents: Mapping[str, Any],
             fetcher: Any, progress: Log) -> list[SourceResult]:
     """Run every source; later sources see the rows earlier ones derived (merged)."""
-    from envbuild.sources import Context
+    from envbuild.upstream.sources import Context
 
     sources = build_sources(options, fetcher.client)
     if not sources:
@@ -248,7 +248,7 @@ def check_shrink(relation: str, old: Sequence[Row], new: Sequence[Row], result: 
 def merge_all(documents: Mapping[str, dict[str, Any]], results: Sequence[SourceResult],
               options: RefreshOptions) -> tuple[dict[str, bytes], dict[str, RelationChange]]:
     """New file texts for the relations that change, and what changed in each."""
-    from envbuild.sources.yamlout import render_document
+    from envbuild.upstream.sources.yamlout import render_document
 
     texts: dict[str, bytes] = {}
     changes: dict[str, RelationChange] = {}
@@ -289,7 +289,7 @@ def read_documents(directory: Path) -> dict[str, dict[str, Any]]:
     so a refresh can repair data a crash left inconsistent)."""
     import yaml
 
-    from envbuild.matrix import RELATIONS
+    from envbuild.data.matrix import RELATIONS
 
     if not directory.is_dir():
         raise UsageError(f"matrices directory not found: {directory}",
@@ -312,8 +312,8 @@ def read_documents(directory: Path) -> dict[str, dict[str, Any]]:
 
 def validate_texts(directory: Path, texts: Mapping[str, bytes]) -> None:
     """Validate the data as it would be after the refresh (every file, cross-references)."""
-    from envbuild.matrix import RELATIONS
-    from envbuild.validate import parse_all
+    from envbuild.data.matrix import RELATIONS
+    from envbuild.data.validate import parse_all
 
     files = {name: (directory / f"{name}.yaml").read_bytes() for name in RELATIONS
              if (directory / f"{name}.yaml").is_file()}
@@ -334,7 +334,7 @@ def check_upstream_urls(options: RefreshOptions) -> None:
 
 def check_writable_target(target: Path) -> None:
     """Refuse the data inside an installed envbuild; a repository checkout is fine."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the envbuild package
     inside = target == package / "matrices" or package in target.parents
     if inside and not (package.parent / ".git").exists():
         raise UsageError(
@@ -398,7 +398,7 @@ def commit(target: Path, files: Mapping[str, bytes],
     import shutil
     import tempfile
 
-    from envbuild import matrix
+    from envbuild.data import matrix
 
     mark = checkpoint or (lambda stage: None)
     recover(target)
@@ -488,7 +488,7 @@ def add_refresh_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> RefreshOptions:
-    from envbuild.matrix import default_directory
+    from envbuild.data.matrix import default_directory
 
     chosen = tuple(args.source or ["all"])
     out = Path(args.out) if args.out else None

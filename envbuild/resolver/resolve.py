@@ -22,8 +22,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from envbuild import candidates
-from envbuild.candidates import (
+from envbuild.data.gpus import GpuTarget
+from envbuild.data.matrix import Matrix
+from envbuild.data.versions import DriverVersion, Requirement
+from envbuild.errors import NoCompatibleStack
+from envbuild.resolver import candidates
+from envbuild.resolver.candidates import (
     COMPAT_ORDER,
     PIN_FIELDS,
     PYTORCH_INDEX,
@@ -32,10 +36,6 @@ from envbuild.candidates import (
     group_rejections,
     stack_json,
 )
-from envbuild.errors import NoCompatibleStack
-from envbuild.gpus import GpuTarget
-from envbuild.matrix import Matrix
-from envbuild.versions import DriverVersion, Requirement
 
 __all__ = ["COMPAT_ORDER", "PIN_FIELDS", "PYTORCH_INDEX", "Compat", "DriverSummary", "Flavor",
            "Rejection", "Request", "Resolution", "Stack", "explain_failure", "group_rejections",

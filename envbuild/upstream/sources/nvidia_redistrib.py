@@ -18,7 +18,7 @@ from urllib.parse import urljoin
 from packaging.version import Version
 
 from envbuild.errors import DataError
-from envbuild.sources import Context, Document, Row, SourceResult, with_digest
+from envbuild.upstream.sources import Context, Document, Row, SourceResult, with_digest
 
 DEFAULT_URL = "https://developer.download.nvidia.com/compute/"
 MANIFEST = re.compile(r'href="(?:[^"]*/)?redistrib_(\d+\.\d+\.\d+)\.json"')

@@ -10,8 +10,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from envbuild.data.matrix import RELATIONS, Row
 from envbuild.errors import DataError
-from envbuild.matrix import RELATIONS, Row
 
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _VERSION_RE = re.compile(r"\d+(\.\d+)*")

@@ -16,10 +16,10 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from envbuild import pypi
 from envbuild.errors import DataError
-from envbuild.pypi import CompanionFact, CompanionRow, MetadataRead, TorchWheelFact, WheelFile
-from envbuild.sources import Context, Fetch, Row, SourceResult, with_digest
+from envbuild.upstream import pypi
+from envbuild.upstream.pypi import CompanionFact, CompanionRow, MetadataRead, TorchWheelFact, WheelFile
+from envbuild.upstream.sources import Context, Fetch, Row, SourceResult, with_digest
 
 PREFIX = "pip-index:///"
 PROJECTS = frozenset({"torch", "torchvision", "torchaudio"})

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import os
 
-from envbuild.versions import DriverVersion
+from envbuild.data.versions import DriverVersion
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
     from typing import Any, TypeAlias
 
-    from envbuild.gpus import ArchEntry, GpuTarget
-    from envbuild.matrix import Matrix, Row
-    from envbuild.resolve import Request
-    from envbuild.versions import Requirement
+    from envbuild.data.gpus import ArchEntry, GpuTarget
+    from envbuild.data.matrix import Matrix, Row
+    from envbuild.data.versions import Requirement
+    from envbuild.resolver.resolve import Request
 
     Ask: TypeAlias = "Request | Query"  # what the checks read: the typed Request or the fast path's
 
@@ -230,7 +230,7 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         with suppress(InvalidVersion):  # else looked up at run time, failing as it always did
             into[text] = Version(text).release
 
-    from envbuild.gpus import parse_arch_list
+    from envbuild.data.gpus import parse_arch_list
 
     rows = {name: [{k: v for k, v in r.items() if k in keep} for r in matrix.rows(name)]
             for name, keep in KEPT_FIELDS.items()}
@@ -369,7 +369,7 @@ class Index:
         key = tuple(arch_list)
         found = self._arch.get(key)
         if found is None:
-            from envbuild.gpus import parse_arch_list
+            from envbuild.data.gpus import parse_arch_list
 
             found = parse_arch_list(key)
         return found
@@ -392,7 +392,7 @@ def index_of(matrix: Matrix) -> Index:
 
 def _signature(directory: str) -> tuple[Any, ...]:
     """Identity of every data file: any write changes a file's size or change time."""
-    from envbuild.matrix import MANIFEST, RELATIONS
+    from envbuild.data.matrix import MANIFEST, RELATIONS
 
     def ident(path: str) -> tuple[int, ...] | None:
         try:
@@ -441,7 +441,7 @@ def load_index(directory: str, cache_dir: str | None) -> Index:
                 pass  # not an index this code understands: rebuild it
     from pathlib import Path
 
-    from envbuild import matrix
+    from envbuild.data import matrix
 
     loaded = matrix.load(Path(directory), cache_dir=Path(cache_dir) if cache_dir else None)
     data = build_index(loaded)
@@ -625,7 +625,7 @@ def check_gpus(family: Family, ask: Ask, ix: Index) -> Rejection | None:
     if not arch_list:
         return Rejection(family=family.label, constraint="gpu-arch", source=row["source"],
                          reason="its arch list is not recorded, so GPU support cannot be checked")
-    from envbuild.gpus import coverage_of  # only with GPUs: a module fewer at start-up
+    from envbuild.data.gpus import coverage_of  # only with GPUs: a module fewer at start-up
 
     entries = ix.arch(arch_list)
     for gpu in ask.gpus:
@@ -640,7 +640,7 @@ def check_gpus(family: Family, ask: Ask, ix: Index) -> Rejection | None:
 
 
 def _variants_covering(gpu: GpuTarget, torch: str, ix: Index) -> list[str]:
-    from envbuild.gpus import coverage_of
+    from envbuild.data.gpus import coverage_of
 
     return [r["variant"] for r in ix.rows("torch_variants")
             if r["torch"] == torch and r["cuda"] and r.get("arch_list")
@@ -725,7 +725,7 @@ def _minor_or_forward(family: Family, ask: Ask, ix: Index, releases: list[Toolki
 
 
 def _ptx_only(gpus: Iterable[GpuTarget], entries: list[ArchEntry]) -> list[GpuTarget]:
-    from envbuild.gpus import coverage_of
+    from envbuild.data.gpus import coverage_of
 
     return [g for g in gpus if coverage_of(g.compute_capability, entries) == "ptx"]
 

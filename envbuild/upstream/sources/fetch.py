@@ -17,8 +17,8 @@ from pathlib import Path
 from requests.structures import CaseInsensitiveDict
 
 from envbuild.errors import DataError
-from envbuild.pypi import IndexClient
-from envbuild.sources import Document
+from envbuild.upstream.pypi import IndexClient
+from envbuild.upstream.sources import Document
 
 # Headers a source reads from a reply and the cache must keep with the body.
 KEPT_HEADERS = ("Content-Type", "Link")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envbuild.pypi import Reply
+from envbuild.upstream.pypi import Reply
 
 Row = dict[str, Any]
 Log = Callable[[str], None]

@@ -1,4 +1,4 @@
-"""Turn the shared stack selectors (argparse namespace) into a resolver ``Request``.
+"""Turn the shared stack selectors (plain values the commands layer parsed) into a ``Request``.
 
 Every user string is validated here, before anything is resolved or written. On
 ``envbuild resolve``'s start-up path (issue 2): no ``re``, no ``argparse`` import, and
@@ -7,17 +7,16 @@ Every user string is validated here, before anything is resolved or written. On
 
 from __future__ import annotations
 
-from envbuild.versions import DriverVersion, Requirement, parse_requirement
+from envbuild.data.versions import DriverVersion, Requirement, parse_requirement
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import argparse
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any, Protocol
 
-    from envbuild.candidates import Query
-    from envbuild.gpus import GpuTarget
-    from envbuild.resolve import Request
+    from envbuild.data.gpus import GpuTarget
+    from envbuild.resolver.candidates import Query
+    from envbuild.resolver.resolve import Request
 
     class HasRows(Protocol):
         """A Matrix, or the resolver's index of one."""
@@ -25,22 +24,62 @@ if TYPE_CHECKING:
         def rows(self, relation: str) -> Iterable[Mapping[str, Any]]: ...
 
 
-def build_request(args: argparse.Namespace, matrix: HasRows, env: Mapping[str, str]) -> Request:
-    from envbuild.resolve import Request
+SELECTOR_FIELDS = ("driver", "host", "gpu", "arch", "datacenter", "torch", "python", "cuda", "cudnn",
+                   "ubuntu", "variant", "flavor", "index_url")
+
+
+class Selectors:
+    """The stack selectors as the user wrote them (strings, unparsed): what every command
+    that resolves a stack takes. A plain class, as ``envbuild resolve`` starts without
+    ``dataclasses``; ``of`` copies them from any object with these attributes."""
+
+    __slots__ = SELECTOR_FIELDS
+    driver: str | None
+    host: bool
+    gpu: Sequence[str]
+    arch: Sequence[str]
+    datacenter: bool
+    torch: str | None
+    python: str | None
+    cuda: str | None
+    cudnn: str | None
+    ubuntu: str | None
+    variant: str | None
+    flavor: str
+    index_url: str | None
+
+    def __init__(self, *, driver: str | None = None, host: bool = False, gpu: Sequence[str] = (),
+                 arch: Sequence[str] = (), datacenter: bool = False, torch: str | None = None,
+                 python: str | None = None, cuda: str | None = None, cudnn: str | None = None,
+                 ubuntu: str | None = None, variant: str | None = None, flavor: str = "runtime",
+                 index_url: str | None = None) -> None:
+        self.driver, self.host, self.gpu, self.arch = driver, host, tuple(gpu), tuple(arch)
+        self.datacenter, self.torch, self.python, self.cuda = datacenter, torch, python, cuda
+        self.cudnn, self.ubuntu, self.variant, self.flavor = cudnn, ubuntu, variant, flavor
+        self.index_url = index_url
+
+    @classmethod
+    def of(cls, values: object) -> Selectors:
+        return cls(**{name: getattr(values, name) for name in SELECTOR_FIELDS
+                      if getattr(values, name, None) is not None})
+
+
+def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Request:
+    from envbuild.resolver.resolve import Request
 
     return Request(**build_query(args, matrix, env).fields())
 
 
-def build_query(args: argparse.Namespace, matrix: HasRows, env: Mapping[str, str]) -> Query:
+def build_query(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Query:
     """``build_request``'s work, as the plain value the CLI's fast path resolves."""
-    from envbuild.candidates import Query
+    from envbuild.resolver.candidates import Query
 
     driver = DriverVersion.parse(args.driver) if args.driver else None
     if driver is not None:
         check_known_branch(driver, matrix)
     gpus: list[GpuTarget] = []
     if args.gpu or args.arch:  # gpus.py (and re) only when a GPU is named
-        from envbuild.gpus import find_gpu, target_from_arch
+        from envbuild.data.gpus import find_gpu, target_from_arch
 
         gpus = [find_gpu(matrix.rows("gpus"), name) for name in args.gpu]
         gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
@@ -81,9 +120,9 @@ def check_known_branch(driver: DriverVersion, matrix: HasRows) -> None:
 
 def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion | None,
                                                                    list[GpuTarget]]:
-    from envbuild import host
+    from envbuild.data.gpus import GpuTarget, find_gpu
     from envbuild.errors import UsageError
-    from envbuild.gpus import GpuTarget, find_gpu
+    from envbuild.host import probe as host
 
     facts = host.probe_host(env)
     driver = DriverVersion.parse(facts.driver_version) if facts.driver_version else None

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import UsageError
-from envbuild.lock import Lock, read_lock
-from envbuild.render import Out, environment, major_minor, resolve_lock, write_output
+from envbuild.render.docker import Out, environment, major_minor, resolve_lock, write_output
+from envbuild.render.lock import Lock, read_lock
 
 # Ubuntu release -> the directory of NVIDIA's network repository for it
 # (https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/).
@@ -103,7 +103,7 @@ def context(lock: Lock) -> dict[str, Any]:
 
 
 def _smoke() -> bytes:
-    return (Path(__file__).resolve().parent / "smoke.py").read_bytes()
+    return (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
 
 
 def render_script(lock: Lock) -> dict[str, bytes]:
@@ -165,6 +165,6 @@ def lock_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
             raise UsageError("install options cannot be combined with --lock",
                              hint="pass them to 'envbuild lock' instead")
         return read_lock(Path(args.lock))
-    from envbuild.cli import load_matrix
+    from envbuild.commands.cli import load_matrix
 
     return resolve_lock(args, env, load_matrix(args, env))

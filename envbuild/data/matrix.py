@@ -92,7 +92,7 @@ def default_directory_name(env: Mapping[str, str]) -> str:
     """``default_directory`` as a string, without importing pathlib."""
     if env.get("ENVBUILD_MATRICES"):
         return env["ENVBUILD_MATRICES"]
-    here = os.path.dirname(os.path.realpath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the envbuild package
     packaged = os.path.join(here, "matrices")
     if os.path.isdir(packaged):
         return packaged
@@ -131,7 +131,7 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
     _check_manifest(directory, files)
     relations = _read_json_cache(cache_dir, digest)
     if relations is None:
-        from envbuild.validate import parse_all  # only on a cache miss: regexes and yaml
+        from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
 
         relations = parse_all(files)
         _write_json_cache(cache_dir, digest, relations)

@@ -36,8 +36,9 @@ from envbuild.errors import (
 )
 
 if TYPE_CHECKING:
-    from envbuild.lock import Lock
-    from envbuild.render import FileData, Out
+    from envbuild.fs import FileData
+    from envbuild.render.docker import Out
+    from envbuild.render.lock import Lock
 
 # On every container envbuild creates; its value says which command made it.
 LABEL = "dev.envbuild.managed"
@@ -456,7 +457,7 @@ def failures(report: Mapping[str, Any]) -> list[str]:
 
 def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
                  parser_class: type[argparse.ArgumentParser]) -> None:
-    from envbuild.render import add_context_options, add_render_options
+    from envbuild.render.docker import add_context_options, add_render_options
 
     b = commands.add_parser("build", help="render a stack and build its image")
     add_selectors(b)
@@ -495,7 +496,7 @@ def _err(text: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.render import render_context
+    from envbuild.render.docker import render_context
 
     tag = check_tag(args.tag) if args.tag else None
     lock, files = render_context(args, env)
@@ -521,9 +522,9 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
             client.close()  # dropping the connection makes the daemon cancel the build
             raise
     if args.report:
-        from envbuild.lock import write_atomic
+        from envbuild.fs import write_file
 
-        write_atomic(Path(args.report),
+        write_file(Path(args.report),
                      (json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n").encode())
     out(f"built {result.tag} ({result.image_id[:19]}, {result.size / 1e9:.2f} GB, "
         f"{result.seconds:.0f} s, {result.steps} steps)")
@@ -544,9 +545,9 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     result = verify(client, args.image, options, lambda m: _err(f"envbuild: warning: {m}"))
     report = result.report or {}
     if args.report:
-        from envbuild.lock import write_atomic
+        from envbuild.fs import write_file
 
-        write_atomic(Path(args.report), (json.dumps(report, indent=2) + "\n").encode())
+        write_file(Path(args.report), (json.dumps(report, indent=2) + "\n").encode())
     if args.json:
         out(json.dumps(report, indent=2))
     else:

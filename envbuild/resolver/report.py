@@ -6,16 +6,16 @@ Views serve both the typed ``resolve.Resolution`` and the CLI fast path's plain
 
 from __future__ import annotations
 
-from envbuild.candidates import group_rejections
+from envbuild.resolver.candidates import group_rejections
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeAlias
 
-    from envbuild.candidates import Outcome, Pinned, Query
     from envbuild.errors import NoCompatibleStack
-    from envbuild.resolve import Request, Resolution, Stack
+    from envbuild.resolver.candidates import Outcome, Pinned, Query
+    from envbuild.resolver.resolve import Request, Resolution, Stack
 
     Resolution_: TypeAlias = "Resolution | Outcome"
     Request_: TypeAlias = "Request | Query"
