@@ -134,3 +134,19 @@ def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path
     matrix.load.cache_clear()
     second = matrix.load(data_copy, cache_dir=cache)
     assert second.digest != first.digest
+
+
+def test_arch_beyond_the_variants_nvcc_is_reported(data_copy: Path) -> None:
+    # cuda_archs.yaml: nvcc 13.x no longer targets Maxwell-Volta, so a cu130 wheel cannot carry sm_70.
+    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX", "- sm_70\n  - sm_120+PTX")
+    problems = _problems(data_copy)
+    assert any(p.startswith("torch_variants.yaml row ") and "names sm_70, which nvcc 13.0 cannot target"
+               in p for p in problems), problems
+
+
+def test_image_for_an_unsupported_ubuntu_is_reported(data_copy: Path) -> None:
+    # cuda_ubuntu.yaml: NVIDIA ships CUDA 11.0 for Ubuntu 16.04-20.04 only.
+    _replace(data_copy / "cuda_images.yaml", "- cuda: 11.0.3\n  ubuntu: '20.04'",
+             "- cuda: 11.0.3\n  ubuntu: '24.04'")
+    problems = _problems(data_copy)
+    assert any("CUDA 11.0 is not supported on Ubuntu 24.04" in p for p in problems), problems

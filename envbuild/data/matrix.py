@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import os
 
+from envbuild.data.relations import MANIFEST as MANIFEST
+from envbuild.data.relations import RELATIONS as RELATIONS
+from envbuild.data.relations import Row as Row
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
     from typing import Any
 
-RELATIONS = (
-    "cuda_toolkits",
-    "cuda_compat",
-    "cuda_archs",
-    "cuda_ubuntu",
-    "cudnn",
-    "gpus",
-    "gpu_peaks",
-    "torch_variants",
-    "torch_pypi",
-    "torch_wheels",
-    "torch_companions",
-    "cuda_images",
-    "ubuntu_python",
-)
-if TYPE_CHECKING:
-    Row = dict[str, Any]
-else:
-    Row = dict  # the alias, without importing typing
-MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
 
 class Matrix:

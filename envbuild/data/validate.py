@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from envbuild.data.matrix import RELATIONS, Row
+from envbuild.data.relations import RELATIONS, Row
 from envbuild.errors import DataError
 
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -285,6 +285,8 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           == "cpu" or (r["torch"], r["default_variant"]) in variants else
           f"default variant {r['default_variant']} of torch {r['torch']} is not in "
           "torch_variants.yaml")
+    check("torch_variants", lambda r: _beyond_nvcc(r, relations))
+    check("cuda_images", lambda r: _unsupported_ubuntu(r, relations))
     on_index = {r["torch"] for r in relations.get("torch_pypi", ())}
     check("torch_wheels", lambda r: None if r["torch"] in on_index else
           f"torch {r['torch']} is not in torch_pypi.yaml")
@@ -292,6 +294,35 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           "nvidia_bytes names a package that nvidia does not pin")
     problems.extend(_duplicate_keys(relations))
     return problems
+
+
+def _beyond_nvcc(row: Row, relations: Mapping[str, tuple[Row, ...]]) -> str | None:
+    """An arch-list entry that the variant's own nvcc cannot compile is a misread arch
+    list (or a misread toolkit table): cuda_archs.yaml is what nvcc of each CUDA minor
+    accepts. Rows whose CUDA minor has no cuda_archs row are not judged."""
+    from envbuild.data.gpus import parse_arch_list
+
+    targets = {r["cuda"]: r["compute_capabilities"] for r in relations.get("cuda_archs", ())}
+    accepted = targets.get(row["cuda"]) if row["cuda"] else None
+    if accepted is None or not row.get("arch_list"):
+        return None
+    beyond = [f"sm_{major}{minor}" for _, (major, minor), _, _ in parse_arch_list(row["arch_list"])
+              if f"{major}.{minor}" not in accepted]
+    if not beyond:
+        return None
+    return (f"arch list names {', '.join(beyond)}, which nvcc {row['cuda']} cannot target "
+            "(cuda_archs.yaml)")
+
+
+def _unsupported_ubuntu(row: Row, relations: Mapping[str, tuple[Row, ...]]) -> str | None:
+    """An nvidia/cuda image for an Ubuntu that NVIDIA does not ship that CUDA minor for
+    (cuda_ubuntu.yaml) is a misread tag. Minors without a cuda_ubuntu row are not judged."""
+    supported = {r["cuda"]: r["ubuntu"] for r in relations.get("cuda_ubuntu", ())}
+    minor = ".".join(row["cuda"].split(".")[:2])
+    listed = supported.get(minor)
+    if listed is None or row["ubuntu"] in listed:
+        return None
+    return f"CUDA {minor} is not supported on Ubuntu {row['ubuntu']} (cuda_ubuntu.yaml: {', '.join(listed)})"
 
 
 _KEYS = {

@@ -1,0 +1,33 @@
+"""The names of the compatibility data: one relation per file in ``matrices/``.
+
+Its own module so that the loader (``matrix``) and the schema (``validate``) both read
+it without importing each other. It imports nothing: ``envbuild resolve`` loads it at
+start-up.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+RELATIONS = (
+    "cuda_toolkits",
+    "cuda_compat",
+    "cuda_archs",
+    "cuda_ubuntu",
+    "cudnn",
+    "gpus",
+    "gpu_peaks",
+    "torch_variants",
+    "torch_pypi",
+    "torch_wheels",
+    "torch_companions",
+    "cuda_images",
+    "ubuntu_python",
+)
+if TYPE_CHECKING:
+    Row = dict[str, Any]
+else:
+    Row = dict  # the alias, without importing typing
+MANIFEST = "manifest.json"
