@@ -5,8 +5,9 @@ checks each field's type, parses versions once, checks references across files, 
 reports *every* problem with its file and row in one ``DataError``. Results are cached
 per directory, and a JSON cache keyed by the files' sha256 keeps the CLI's start fast.
 
-``envbuild resolve`` imports this module on its start-up path (issue 2), so it imports
-nothing heavy at load: hashlib, json, pathlib and the errors come in where they are used.
+``envbuild resolve`` imports this module on its start-up path (held to 2x a bare
+interpreter's start), so it imports nothing heavy at load: hashlib, json, pathlib and the
+errors come in where they are used.
 """
 
 from __future__ import annotations
