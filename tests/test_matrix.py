@@ -150,3 +150,32 @@ def test_image_for_an_unsupported_ubuntu_is_reported(data_copy: Path) -> None:
              "- cuda: 11.0.3\n  ubuntu: '24.04'")
     problems = _problems(data_copy)
     assert any("CUDA 11.0 is not supported on Ubuntu 24.04" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("depth", [100, 990, 30_000])
+def test_deeply_nested_yaml_is_refused_with_its_line(data_copy: Path, depth: int) -> None:
+    # Nesting is refused at 64 levels, naming file and line, before anything is composed:
+    # below libyaml's own cap (~1,000) a deep document loads and its recursion is ours to bear,
+    # and a libyaml without that cap recurses in C (a segfault). A child process runs it,
+    # so that a regression kills the child, not the test run.
+    import subprocess
+    import sys
+
+    path = data_copy / "gpus.yaml"
+    path.write_text(path.read_text() + "deep:\n  " + "- " * depth + "1\n")
+    done = subprocess.run([sys.executable, "-m", "envbuild", "--matrices", str(data_copy), "matrix",
+                           "validate"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 4, done.stderr[-500:]
+    line = path.read_text().count("\n")
+    assert f"gpus.yaml line {line}: nested deeper than 64 levels" in done.stdout + done.stderr
+
+
+def test_duplicate_key_is_refused_with_both_lines(data_copy: Path) -> None:
+    path = data_copy / "cuda_toolkits.yaml"
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("min_driver:"))
+    lines.insert(at + 1, lines[at])  # the same key again in the same row: the last one would win
+    path.write_text("\n".join(lines) + "\n")
+    problems = _problems(data_copy)
+    assert f"cuda_toolkits.yaml line {at + 2}: duplicate key 'min_driver' (first at line {at + 1})" \
+        in problems, problems

@@ -208,7 +208,8 @@ COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": 
 def parse_all(files: Mapping[str, bytes]) -> dict[str, tuple[Row, ...]]:
     import yaml  # only on a cache miss: yaml costs more to import than the rest of resolve
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    from envbuild.data.yamlload import YamlProblem, load
+
     problems: list[str] = []
     relations: dict[str, tuple[Row, ...]] = {}
     for name in RELATIONS:
@@ -216,7 +217,10 @@ def parse_all(files: Mapping[str, bytes]) -> dict[str, tuple[Row, ...]]:
             problems.append(f"{name}.yaml: missing")
             continue
         try:
-            document = yaml.load(files[name], Loader=loader)
+            document = load(files[name])
+        except YamlProblem as exc:
+            problems.append(f"{name}.yaml {exc}")
+            continue
         except yaml.YAMLError as exc:
             problems.append(f"{name}.yaml: not valid YAML ({' '.join(str(exc).split())})")
             continue
