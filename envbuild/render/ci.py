@@ -8,26 +8,24 @@ push with layer caching, then the baked smoke test on a self-hosted GPU runner) 
 
 Every user string is validated before anything is rendered; YAML is written by
 ``yaml.safe_dump`` and HCL strings by ``hcl_string``, so no value can end a quoted string
-or open an expression. Output goes through ``render.write_output``: complete or untouched.
+or open an expression. Output goes through ``render.output.write_output``: complete or
+untouched.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import UsageError
-from envbuild.render.lock import Lock, check_image_reference, check_url, distro_python
+from envbuild.render.lock import Lock, check_image_reference, distro_python
 
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
-    from envbuild.render.docker import Out
     from envbuild.resolver.resolve import Stack
 
 WORKFLOW_PATH = ".github/workflows/envbuild.yml"
@@ -163,7 +161,7 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
     The wheel index, as for render docker: ``index_url`` (--index-url), else the stack's
     own, else ``package_index`` ($PIP_INDEX_URL, for the 'default' variant)."""
     from envbuild.data.peaks import peaks_json
-    from envbuild.render.docker import RenderOptions, lock_for, render_docker
+    from envbuild.render.docker import RenderOptions, lock_for, render_docker, wheel_index
 
     peaks = peaks_json(matrix)
     chosen: list[CiStack] = []
@@ -177,8 +175,7 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
         if distro_python(matrix, stack.ubuntu) != stack.python:
             skipped.append(sid)
             continue
-        index = index_url or stack.index_url or package_index
-        options = RenderOptions(index_url=None if index is None else check_url(index, "--index-url"))
+        options = RenderOptions(index_url=wheel_index(stack, index_url, package_index))
         lock = lock_for(stack, matrix, options)
         chosen.append(CiStack(id=sid, lock=lock, files=render_docker(lock, options, peaks=peaks)))
     if not chosen:
@@ -423,82 +420,3 @@ def bake_hcl(stacks: Sequence[CiStack], options: CiOptions) -> bytes:
 
 def render_bake(stacks: Sequence[CiStack], options: CiOptions) -> dict[str, FileData]:
     return dict(sorted({BAKE_PATH: bake_hcl(stacks, options), **context_files(stacks)}.items()))
-
-
-# --- command line (cli.py registers these lazily) ---------------------------------------
-
-
-def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
-                 parser_class: type[argparse.ArgumentParser]) -> None:
-    """``envbuild ci github`` and ``envbuild ci bake``."""
-    p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.hcl")
-    sub = p.add_subparsers(dest="ci_target", metavar="TARGET", required=True,
-                           parser_class=parser_class)
-    g = sub.add_parser("github", help="a workflow: matrix build, push, verify on a GPU runner")
-    _add_common(g, add_selectors)
-    g.add_argument("--gpu-runner-label", action="append", default=[], metavar="LABEL",
-                   help="label of the self-hosted GPU runner (repeatable; default: gpu)")
-    g.add_argument("--branch", default="main", help="push images from this branch (default main)")
-    g.set_defaults(run=cmd_ci_github)
-    b = sub.add_parser("bake", help="a docker-bake.hcl: a target per stack, groups per CUDA major")
-    _add_common(b, add_selectors)
-    b.set_defaults(run=cmd_ci_bake)
-
-
-def _add_common(p: argparse.ArgumentParser,
-                add_selectors: Callable[[argparse.ArgumentParser], None]) -> None:
-    add_selectors(p)
-    g = p.add_argument_group("ci")
-    g.add_argument("--top", type=_top, default=4, metavar="N", help="the N best stacks (default 4)")
-    g.add_argument("--registry", required=True, metavar="REF",
-                   help="image repository, no tag (e.g. ghcr.io/acme/envbuild)")
-    g.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="image label added to every stack (repeatable)")
-    g.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-    g.add_argument("--force", action="store_true", help="replace a non-empty output directory")
-
-
-def _top(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStack], list[str]]:
-    from envbuild.commands.cli import load_matrix
-    from envbuild.resolver.resolve import explain_failure, resolve
-    from envbuild.resolver.selection import Selectors, build_request
-
-    matrix = load_matrix(args, env)
-    request = build_request(Selectors.of(args), matrix, env)
-    resolution = resolve(request, matrix)
-    if not resolution.stacks:
-        raise explain_failure(request, matrix, resolution)
-    return select_stacks(resolution.stacks, matrix, top=args.top, index_url=args.index_url,
-                         package_index=request.package_index)
-
-
-def _run(args: argparse.Namespace, env: Mapping[str, str], out: Out,
-         render: Callable[[Sequence[CiStack], CiOptions], dict[str, FileData]]) -> int:
-    from envbuild.render.docker import write_output
-
-    options = parse_ci_options(registry=args.registry,
-                               runner_labels=getattr(args, "gpu_runner_label", ()),
-                               labels=args.label, branch=getattr(args, "branch", "main"))
-    stacks, skipped = _plan(args, env)
-    write_output(render(stacks, options), Path(args.output), force=args.force)
-    count = f"{len(stacks)} stack{'s' if len(stacks) != 1 else ''}"
-    out(f"wrote {args.output}/ with {count}: {', '.join(s.id for s in stacks)}")
-    if skipped:
-        out(f"note: skipped {len(skipped)} stacks whose Python is not their Ubuntu's python3 "
-            f"({', '.join(skipped)})")
-    return 0
-
-
-def cmd_ci_github(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    return _run(args, env, out, render_github)
-
-
-def cmd_ci_bake(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    return _run(args, env, out, render_bake)
-
