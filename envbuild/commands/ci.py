@@ -26,7 +26,8 @@ Render = Callable[[Sequence["CiStack"], "CiOptions"], dict[str, "FileData"]]
 
 def add_commands(commands: Any) -> None:
     """``envbuild ci github`` and ``envbuild ci bake``."""
-    from envbuild.render.ci import render_bake, render_github
+    from envbuild.render.bake import render_bake
+    from envbuild.render.github import render_github
 
     p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.hcl")
     sub = p.add_subparsers(dest="ci_target", metavar="TARGET", required=True,
