@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
+from envbuild.commands import detect
 from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
@@ -59,7 +60,7 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
                         help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _add_resolve(commands)
-    _add_detect(commands)
+    detect.add_commands(commands)
     _add_smoke(commands)
     _add_matrix(commands, refresh=refresh or with_render)
     import importlib
@@ -87,14 +88,6 @@ def _add_resolve(commands: Any) -> None:
     out.add_argument("--json", action="store_true", help="machine-readable output (stable)")
     out.add_argument("--explain", action="store_true", help="say why each family was rejected")
     p.set_defaults(run=cmd_resolve)
-
-
-def _add_detect(commands: Any) -> None:
-    p = commands.add_parser("detect", help="report host facts: driver, GPUs, OS, /dev/shm")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="read saved nvidia-smi output instead of probing")
-    p.set_defaults(run=cmd_detect)
 
 
 def _add_smoke(commands: Any) -> None:
@@ -142,22 +135,6 @@ def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
         out(json.dumps(report.resolution_json(request, resolution, top=args.top), indent=2))
     else:
         out(report.resolution_text(request, resolution, top=args.top, explain=args.explain))
-    return 0
-
-
-def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild.host import probe as host
-
-    if args.from_file:
-        try:
-            text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}",
-                             hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file first") from None
-        facts = host.parse_saved(text)
-    else:
-        facts = host.probe_host(env)
-    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
     return 0
 
 

@@ -112,11 +112,11 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
 def render_host(renderer: Renderer) -> Command:
     """The command for one host renderer: the lock read (or resolved), rendered, written."""
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        return write_files(args, renderer(host_lock(args, env)), out)
+        return write_files(args, renderer(read_or_resolve_lock(args, env)), out)
     return run
 
 
-def host_lock(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
+def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
     """Unlike render docker, the --lock rule is checked before any option is validated."""
     from envbuild.render.lock import read_lock
 
