@@ -21,7 +21,7 @@ from envbuild.commands.options import (
     add_selectors,
     warn,
 )
-from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
+from envbuild.errors import GpuRuntimeMissing, SmokeFailed
 
 if TYPE_CHECKING:
     from envbuild.engine.build import BuildEvent
@@ -104,19 +104,14 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     from envbuild.engine.verify import (
         GPU_RUNTIME_HINT,
         VerifyOptions,
+        check_options,
         failures,
-        parse_size,
         verify,
     )
 
-    if args.gpus not in ("all", "none") and not (args.gpus.isdigit() and int(args.gpus) > 0):
-        raise UsageError(f"--gpus {args.gpus!r}: use all, none or a count")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
     options = VerifyOptions(gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=args.timeout,
                             memory=args.memory, shm_size=args.shm_size, tier=args.tier)
-    parse_size(options.memory, "--memory")
-    parse_size(options.shm_size, "--shm-size")
+    check_options(options)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
     warn_leftovers(client, warn)
     result = verify(client, args.image, options, warn)

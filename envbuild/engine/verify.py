@@ -41,6 +41,17 @@ class VerifyResult:
     stderr: str
 
 
+def check_options(options: VerifyOptions) -> None:
+    """Reject what no run could honour, before a daemon is asked for anything."""
+    gpus = options.gpus
+    if gpus not in ("all", "none") and not (gpus.isdigit() and int(gpus) > 0):
+        raise UsageError(f"--gpus {gpus!r}: use all, none or a count")
+    if options.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    parse_size(options.memory, "--memory")
+    parse_size(options.shm_size, "--shm-size")
+
+
 def parse_size(text: str, flag: str) -> int:
     match = _SIZE_RE.fullmatch(text.strip())
     if not match:
