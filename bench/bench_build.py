@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envbuild.engine import build  # noqa: E402
+from envbuild.engine import daemon  # noqa: E402
 
 # Run inside the image: every CUDA shared library, grouped by file name.
 SCAN = r"""
@@ -49,7 +49,7 @@ print(json.dumps(seen))
 def run_in(client: Any, image: str, command: list[str]) -> str:
     container = client.create_container(image, command=command, user="root",
                                         host_config=client.create_host_config(network_mode="none"),
-                                        labels={build.LABEL: "bench"})
+                                        labels={daemon.LABEL: "bench"})
     try:
         client.start(container["Id"])
         client.wait(container["Id"], timeout=600)
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--variant", default="default",
                         help="'default' = the package index's CUDA wheel")
     ns = parser.parse_args()
-    client = build.connect(os.environ)
+    client = daemon.connect(os.environ)
     stack = ["--torch", ns.torch, "--variant", ns.variant, "--python", ns.python,
              "--base-image", ns.base_image, "--network", "host", "--tag", "envbuild-bench/cuda:1"]
     if os.environ.get("PIP_CERT"):

@@ -17,6 +17,9 @@ import requests.exceptions
 
 from envbuild.commands.cli import main
 from envbuild.engine import build
+from envbuild.engine.context import context_tar
+from envbuild.engine.daemon import LABEL, LOG_TAIL, connect
+from envbuild.engine.verify import VerifyOptions, VerifyResult, failures, parse_size, verify
 from envbuild.errors import BuildFailed, DockerUnavailable, GpuRuntimeMissing, SmokeFailed, UsageError
 
 # --- the context tar ----------------------------------------------------------------------
@@ -28,9 +31,9 @@ def test_context_tar_is_deterministic_and_normalised(tmp_path: Path) -> None:
     files: dict[str, bytes | Path] = {"Dockerfile": b"FROM x\n", "wheelhouse/" + wheel.name: wheel,
                                       "a.txt": b"a"}
     first, second = io.BytesIO(), io.BytesIO()
-    build.context_tar(files, first)
+    context_tar(files, first)
     wheel.touch()  # a newer mtime on disk must not reach the tar
-    build.context_tar(dict(reversed(list(files.items()))), second)
+    context_tar(dict(reversed(list(files.items()))), second)
     assert first.getvalue() == second.getvalue()
     with tarfile.open(fileobj=io.BytesIO(first.getvalue())) as tar:
         members = tar.getmembers()
@@ -49,7 +52,7 @@ def test_context_tar_is_deterministic_and_normalised(tmp_path: Path) -> None:
 def test_no_daemon_is_exit_5_naming_the_socket(tmp_path: Path) -> None:
     url = f"unix://{tmp_path}/nonexistent.sock"
     with pytest.raises(DockerUnavailable) as info:
-        build.connect({"DOCKER_HOST": url})
+        connect({"DOCKER_HOST": url})
     assert info.value.exit_code == 5
     assert url in info.value.message
 
@@ -70,7 +73,7 @@ def test_permission_denied_hints_docker_group(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(docker, "APIClient", refuse)
     with pytest.raises(DockerUnavailable) as info:
-        build.connect({})
+        connect({})
     assert "permission denied" in info.value.message
     assert "docker' group" in info.value.hint and "rootless" in info.value.hint
 
@@ -139,7 +142,7 @@ def test_failing_step_is_exit_6_with_step_and_last_lines() -> None:
     err = info.value
     assert err.exit_code == 6
     assert "step 2/3 (RUN exit 3) failed" in err.message and "non-zero code: 3" in err.message
-    assert err.details == tuple(f"log line {i}" for i in range(40 - build.LOG_TAIL, 40))
+    assert err.details == tuple(f"log line {i}" for i in range(40 - LOG_TAIL, 40))
 
 
 @pytest.mark.parametrize("message", ["manifest for nvidia/cuda:99.0-base-ubuntu22.04 not found: "
@@ -229,9 +232,9 @@ class FakeRunClient:
 NO_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
 
 
-def run_verify(client: FakeRunClient, **options: Any) -> build.VerifyResult:
+def run_verify(client: FakeRunClient, **options: Any) -> VerifyResult:
     warnings: list[str] = []
-    result = build.verify(client, "img", build.VerifyOptions(**options), warnings.append)
+    result = verify(client, "img", VerifyOptions(**options), warnings.append)
     return result
 
 
@@ -245,7 +248,7 @@ def test_verify_runs_isolated_and_removes_the_container() -> None:
     assert host["mem_limit"] == host["memswap_limit"] == 512 << 20
     assert host["shm_size"] == 1 << 30
     assert host["device_requests"][0].count == -1
-    assert created["labels"] == {build.LABEL: "verify"}
+    assert created["labels"] == {LABEL: "verify"}
     assert created["command"][:2] == ["/opt/venv/bin/python", "/opt/envbuild/smoke.py"]
     assert "--json" in created["command"] and "--cpu-ok" not in created["command"]
     assert client.removed == ["c1"]
@@ -301,20 +304,20 @@ def test_foreign_or_missing_image_is_usage_error() -> None:
     with pytest.raises(UsageError, match="not built by envbuild"):
         run_verify(FakeRunClient(labels={}))
     with pytest.raises(UsageError, match="no image 'missing'"):
-        build.verify(FakeRunClient(), "missing", build.VerifyOptions(), print)
+        verify(FakeRunClient(), "missing", VerifyOptions(), print)
 
 
 def test_failures_lists_failing_checks() -> None:
     report = {"checks": [{"name": "torch.cuda_build", "status": "fail", "message": "CPU-only"},
                          {"name": "python", "status": "pass", "message": "3.11"}]}
-    assert build.failures(report) == ["torch.cuda_build: CPU-only"]
+    assert failures(report) == ["torch.cuda_build: CPU-only"]
     assert json.loads(json.dumps(report)) == report
 
 
 @pytest.mark.parametrize(("text", "value"), [("512m", 512 << 20), ("2g", 2 << 30), ("1024", 1024),
                                              ("8K", 8 << 10)])
 def test_parse_size(text: str, value: int) -> None:
-    assert build.parse_size(text, "--memory") == value
+    assert parse_size(text, "--memory") == value
 
 
 @pytest.mark.parametrize("argv", [["verify", "img", "--gpus", "some"], ["verify", "img", "--timeout", "0"],

@@ -19,7 +19,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.peaks import peaks_json
 from envbuild.errors import UsageError
-from envbuild.render import ci
+from envbuild.render import bake, ci, github
 from envbuild.render import docker as render
 from envbuild.render.lock import read_lock
 from envbuild.resolver.resolve import Request, resolve
@@ -45,7 +45,7 @@ CASES: dict[str, list[str]] = {
     "bake-cpu": ["bake", "--variant", "cpu", "--torch", "2.4.1", "--ubuntu", "22.04",
                  "--registry", "acme/envbuild"],
 }
-GOLDEN_FILES = (ci.WORKFLOW_PATH, ci.MATRIX_PATH, ci.BAKE_PATH)
+GOLDEN_FILES = (github.WORKFLOW_PATH, github.MATRIX_PATH, bake.BAKE_PATH)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_verify_reruns_the_images_cmd(outputs: dict[str, dict[str, bytes]]) -> N
     dockerfile = next(d for p, d in outputs["bake-cpu"].items() if p.endswith("/Dockerfile"))
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile.decode(), re.MULTILINE)
     assert cmd is not None
-    assert " ".join(json.loads(cmd[1])) == ci.SMOKE_COMMAND
+    assert " ".join(json.loads(cmd[1])) == github.SMOKE_COMMAND
 
 
 # --- the workflow: GitHub's schema and its structure ----------------------------------
@@ -139,7 +139,7 @@ def schema_errors(document: Any, name: str = "vendor/github-workflows.json") -> 
 
 
 def workflow_of(outputs: dict[str, dict[str, bytes]], name: str) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(outputs[name][ci.WORKFLOW_PATH])
+    data: dict[str, Any] = yaml.safe_load(outputs[name][github.WORKFLOW_PATH])
     return data
 
 
@@ -166,7 +166,7 @@ def test_check_jsonschema_cli_accepts_the_file(tmp_path: Path,
                                                outputs: dict[str, dict[str, bytes]]) -> None:
     pytest.importorskip("check_jsonschema")
     path = tmp_path / "envbuild.yml"
-    path.write_bytes(outputs["github-private-torch241"][ci.WORKFLOW_PATH])
+    path.write_bytes(outputs["github-private-torch241"][github.WORKFLOW_PATH])
     for schema in ("vendor.github-workflows", "custom.github-workflows-require-timeout"):
         done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", schema,
                                str(path)], capture_output=True, text=True, timeout=120)
@@ -176,7 +176,7 @@ def test_check_jsonschema_cli_accepts_the_file(tmp_path: Path,
 def test_matrix_has_one_entry_per_stack(outputs: dict[str, dict[str, bytes]]) -> None:
     for name in ("github-ghcr-driver550", "github-private-torch241"):
         files = outputs[name]
-        include = json.loads(files[ci.MATRIX_PATH])["include"]
+        include = json.loads(files[github.MATRIX_PATH])["include"]
         dirs = {p.split("/")[1] for p in files if p.startswith("stacks/") and p.count("/") == 2}
         assert sorted(e["id"] for e in include) == sorted(dirs)
         assert len(include) == len(dirs) >= 2
@@ -184,7 +184,7 @@ def test_matrix_has_one_entry_per_stack(outputs: dict[str, dict[str, bytes]]) ->
             assert entry["context"] == f"stacks/{entry['id']}"
             assert f"{entry['context']}/Dockerfile" in files
             assert entry["gpu"] is True and entry["group"] == f"cuda{entry['cuda'].split('.')[0]}"
-    assert len(json.loads(outputs["github-ghcr-driver550"][ci.MATRIX_PATH])["include"]) == 4
+    assert len(json.loads(outputs["github-ghcr-driver550"][github.MATRIX_PATH])["include"]) == 4
 
 
 def test_workflow_structure(outputs: dict[str, dict[str, bytes]]) -> None:
@@ -241,8 +241,8 @@ def test_private_registry_and_runner_labels(outputs: dict[str, dict[str, bytes]]
     ("registry.example:5000/ml/envbuild", "registry.example:5000"), ("docker.io/acme/x", "docker.io"),
 ])
 def test_registry_host(registry: str, host: str | None) -> None:
-    assert ci.registry_host(registry) == host
-    login = ci.workflow(ci.parse_ci_options(registry=registry))["jobs"]["build"]["steps"][2]
+    assert github.registry_host(registry) == host
+    login = github.workflow(ci.parse_ci_options(registry=registry))["jobs"]["build"]["steps"][2]
     assert login["with"].get("registry") == host
     assert login["name"] == f"Log in to {host or 'Docker Hub'}"
 
@@ -349,7 +349,7 @@ def hcl_parse(text: str) -> list[tuple[str, list[str], dict[str, Any]]]:
 
 def bake_of(outputs: dict[str, dict[str, bytes]], name: str) -> dict[str, dict[str, Any]]:
     """{"variable"|"group"|"target": {label: cooked body}} with ${REGISTRY} expanded."""
-    blocks = hcl_parse(outputs[name][ci.BAKE_PATH].decode("ascii"))
+    blocks = hcl_parse(outputs[name][bake.BAKE_PATH].decode("ascii"))
     variables = {labels[0]: hcl_cook(body["default"], {}) for kind, labels, body in blocks
                  if kind == "variable"}
 
@@ -369,20 +369,20 @@ def bake_of(outputs: dict[str, dict[str, bytes]], name: str) -> dict[str, dict[s
 def test_bake_targets_and_groups(outputs: dict[str, dict[str, bytes]]) -> None:
     files = outputs["bake-private-torch241"]
     ids = sorted({p.split("/")[1] for p in files if p.startswith("stacks/") and p.count("/") == 2})
-    bake = bake_of(outputs, "bake-private-torch241")
-    assert bake["variable"] == {"REGISTRY": {"default": PRIVATE}}
-    assert sorted(bake["target"]) == sorted(ci.target_name(i) for i in ids)
-    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", t) for t in bake["target"])  # buildx's rule
+    parsed = bake_of(outputs, "bake-private-torch241")
+    assert parsed["variable"] == {"REGISTRY": {"default": PRIVATE}}
+    assert sorted(parsed["target"]) == sorted(ci.target_name(i) for i in ids)
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", t) for t in parsed["target"])  # buildx's rule
     for sid in ids:
-        target = bake["target"][ci.target_name(sid)]
+        target = parsed["target"][ci.target_name(sid)]
         assert target["context"] == f"stacks/{sid}" and f"stacks/{sid}/Dockerfile" in files
         assert target["dockerfile"] == "Dockerfile"
         assert target["tags"] == [f"{PRIVATE}:{sid}"]
         assert target["labels"] == {"dev.envbuild.stack": sid, "org.example.team": "ml research"}
         assert target["cache-from"] == [f"type=registry,ref={PRIVATE}:cache-{sid}"]
         assert target["cache-to"] == [f"type=registry,ref={PRIVATE}:cache-{sid},mode=max"]
-    groups = {name: body["targets"] for name, body in bake["group"].items()}
-    assert sorted(groups["default"]) == sorted(bake["target"])
+    groups = {name: body["targets"] for name, body in parsed["group"].items()}
+    assert sorted(groups["default"]) == sorted(parsed["target"])
     assert set(groups) == {"default", "cuda11", "cuda12"}
     assert sorted(groups["cuda11"] + groups["cuda12"]) == sorted(groups["default"])
     assert all("cu118" in t for t in groups["cuda11"])
@@ -393,7 +393,7 @@ def test_bake_targets_and_groups(outputs: dict[str, dict[str, bytes]]) -> None:
 def test_bake_parses_with_python_hcl2(outputs: dict[str, dict[str, bytes]]) -> None:
     """A second, independent HCL reader (optional: python-hcl2) agrees on the block names."""
     hcl2 = pytest.importorskip("hcl2")
-    data = hcl2.loads(outputs["bake-private-torch241"][ci.BAKE_PATH].decode())
+    data = hcl2.loads(outputs["bake-private-torch241"][bake.BAKE_PATH].decode())
     names = {k.strip('"') for block in data["target"] for k in block}
     assert names == set(bake_of(outputs, "bake-private-torch241")["target"])
 
@@ -404,7 +404,7 @@ ADVERSARIAL = ['"', "\\", '\\"', "${REGISTRY}", "$${x}", "$", "$$", "%{if x}", "
 
 @pytest.mark.parametrize("value", ADVERSARIAL)
 def test_hcl_string_round_trips(value: str) -> None:
-    quoted = ci.hcl_string(value)
+    quoted = bake.hcl_string(value)
     assert hcl_tokens(quoted) == [("str", quoted)]  # one token: nothing ended the string
     assert hcl_cook(quoted[1:-1], {}) == value  # and no interpolation: {} has no variables
     assert quoted.isascii() and "\n" not in quoted
@@ -413,7 +413,7 @@ def test_hcl_string_round_trips(value: str) -> None:
 @given(st.text(max_size=40))
 @settings(max_examples=300, deadline=None)
 def test_hcl_string_round_trips_any_text(value: str) -> None:
-    quoted = ci.hcl_string(value)
+    quoted = bake.hcl_string(value)
     assert hcl_tokens(quoted) == [("str", quoted)]
     assert hcl_cook(quoted[1:-1], {}) == value
 
@@ -428,8 +428,8 @@ def test_label_values_are_rejected_or_kept_verbatim(value: str) -> None:
         options = ci.parse_ci_options(registry=GHCR, labels=[f"org.example.v={value}"])
     except UsageError:
         return
-    baseline = ci.workflow_yaml(ci.parse_ci_options(registry=GHCR)).decode()
-    text = ci.workflow_yaml(options).decode()
+    baseline = github.workflow_yaml(ci.parse_ci_options(registry=GHCR)).decode()
+    text = github.workflow_yaml(options).decode()
     labels = yaml.safe_load(text)["jobs"]["build"]["steps"][-1]["with"]["labels"].splitlines()
     assert labels[0] == f"org.example.v={value}"
     assert text.count("${{") == baseline.count("${{")  # no expression from the user
@@ -488,7 +488,7 @@ def test_existing_output_untouched_without_force(tmp_path: Path,
     assert code == 2 and "not empty" in err and tree(out) == {"keep": b"mine"}
     code, stdout, _ = run_ci(capsys, *argv, "--force")
     assert code == 0 and "1 stack:" in stdout
-    assert "keep" not in tree(out) and ci.BAKE_PATH in tree(out)
+    assert "keep" not in tree(out) and bake.BAKE_PATH in tree(out)
 
 
 def test_skipped_stacks_are_reported(matrix: matrixmod.Matrix) -> None:
@@ -509,7 +509,8 @@ def test_target_names_follow_buildx(sid: str) -> None:
 
 def test_resolve_does_not_import_ci() -> None:
     code = ("import sys; from envbuild.commands.cli import main; "
-            "main(['resolve', '--top', '1']); print('envbuild.render.ci' in sys.modules)")
+            "main(['resolve', '--top', '1']); "
+            "print(any(m in sys.modules for m in ('envbuild.render.ci', 'envbuild.commands.ci')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"ENVBUILD_NO_CACHE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -518,4 +519,4 @@ def test_resolve_does_not_import_ci() -> None:
 
 def test_cuda_groups_sort_numerically() -> None:
     names = ["cpu", "cuda12", "cuda9", "gpu", "cuda11"]
-    assert sorted(names, key=ci._group_order) == ["cuda9", "cuda11", "cuda12", "cpu", "gpu"]
+    assert sorted(names, key=bake._group_order) == ["cuda9", "cuda11", "cuda12", "cpu", "gpu"]

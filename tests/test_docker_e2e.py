@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 
 from envbuild.engine import build
+from envbuild.engine.context import context_tar
+from envbuild.engine.daemon import LABEL, connect
+from envbuild.engine.verify import VerifyOptions, verify
 from envbuild.errors import BuildFailed, SmokeFailed
 
 pytestmark = pytest.mark.docker
@@ -38,7 +41,7 @@ def envbuild(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[s
 @pytest.fixture(scope="session")
 def client() -> Any:
     try:
-        return build.connect(os.environ)
+        return connect(os.environ)
     except Exception as exc:  # any failure to reach a daemon means: not this machine
         if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):  # CI (.ci/run) must not skip these
             pytest.fail(f"ENVBUILD_REQUIRE_DOCKER is set but no Docker engine answers: {exc}")
@@ -55,7 +58,7 @@ def base_image(client: Any) -> str:
 
 
 def ours(client: Any) -> list[dict[str, Any]]:
-    return list(client.containers(all=True, filters={"label": build.LABEL}))
+    return list(client.containers(all=True, filters={"label": LABEL}))
 
 
 def all_containers(client: Any) -> set[str]:
@@ -129,7 +132,7 @@ def test_verify_without_gpus_names_the_cpu_only_wheel(client: Any, cpu_image: st
 
 def tiny_build(client: Any, dockerfile: str, tag: str, **files: bytes) -> build.BuildResult:
     context = io.BytesIO()
-    build.context_tar({"Dockerfile": dockerfile.encode(), **files}, context)
+    context_tar({"Dockerfile": dockerfile.encode(), **files}, context)
     return build.SdkBuilder(client=client).build(context, tag=tag, network="none", labels={},
                                                  progress=lambda event: None)
 
@@ -172,8 +175,8 @@ def test_hanging_smoke_test_is_killed_at_the_deadline(client: Any,
                                                       fake_smoke_images: dict[str, str]) -> None:
     started = time.monotonic()
     with pytest.raises(SmokeFailed, match="timed out after 3 s") as info:
-        build.verify(client, fake_smoke_images["hang"],
-                     build.VerifyOptions(gpus="none", timeout=3), print)
+        verify(client, fake_smoke_images["hang"],
+                     VerifyOptions(gpus="none", timeout=3), print)
     assert info.value.exit_code == 7 and time.monotonic() - started < 30
     assert ours(client) == []
 
@@ -214,7 +217,7 @@ def test_sigint_during_build_exits_130_and_leaves_nothing(client: Any, base_imag
 
 
 def test_clean_removes_leftovers_and_runs_warn_about_them(client: Any, cpu_image: str) -> None:
-    client.create_container(cpu_image, command=["true"], labels={build.LABEL: "verify"})
+    client.create_container(cpu_image, command=["true"], labels={LABEL: "verify"})
     done = envbuild("verify", cpu_image, "--cpu-ok", "--tier", "0")
     assert done.returncode == 0, done.stderr
     assert "left by an earlier envbuild run" in done.stderr

@@ -265,8 +265,8 @@ def test_cli_prints_the_warning_on_stderr(tmp_path: Path, capsys: pytest.Capture
     captured = capsys.readouterr()
     assert code == 0, captured.err
     lines = captured.err.splitlines()
-    assert lines and all(line.startswith("warning: base image ") for line in lines)
+    assert lines and all(line.startswith("envbuild: warning: base image ") for line in lines)
     assert "warning: " not in captured.out
     code = main(["render", "docker", "--lock", str(out), "-o", str(tmp_path / "ctx")], env=env)
     assert code == 0
-    assert capsys.readouterr().err.count("warning: ") == len(lines)
+    assert capsys.readouterr().err.count("envbuild: warning: ") == len(lines)

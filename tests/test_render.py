@@ -18,6 +18,7 @@ from envbuild.errors import UsageError
 from envbuild.fs import write_file
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
+from envbuild.render.output import write_output
 from envbuild.resolver.resolve import Request, Stack, resolve
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -208,23 +209,23 @@ def test_existing_output_untouched_without_force(matrix: matrixmod.Matrix, tmp_p
     out.mkdir()
     (out / "keep").write_bytes(b"mine")
     with pytest.raises(UsageError, match="not empty"):  # A18
-        render.write_output(files, out, force=False)
+        write_output(files, out, force=False)
     assert [p.name for p in out.iterdir()] == ["keep"]
     assert (out / "keep").read_bytes() == b"mine"
-    render.write_output(files, out, force=True)
+    write_output(files, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(files)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_write_output_new_dir(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
     files = render_case("driver550-top", matrix, tmp_path)
-    render.write_output(files, tmp_path / "a" / "b", force=False)
+    write_output(files, tmp_path / "a" / "b", force=False)
     assert (tmp_path / "a" / "b" / "Dockerfile").read_bytes() == files["Dockerfile"]
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(OSError):  # "x" is a file, so "x/y" cannot be written
-        render.write_output({"x": b"1", "x/y": b"2"}, tmp_path / "out", force=False)
+        write_output({"x": b"1", "x/y": b"2"}, tmp_path / "out", force=False)
     assert list(tmp_path.iterdir()) == []
 
 

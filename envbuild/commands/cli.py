@@ -12,9 +12,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbuild import __version__
+from envbuild.commands import detect
+from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
     EnvbuildError,
@@ -23,9 +25,6 @@ from envbuild.errors import (
     output_failed,
 )
 
-if TYPE_CHECKING:
-    from envbuild.data.matrix import Matrix
-
 EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
   3 no compatible stack  4 data error                        5 Docker unreachable
@@ -33,23 +32,16 @@ EXIT_CODES_HELP = """exit codes:
   9 host preflight failed  10 reboot required  130 interrupted  141 output pipe closed"""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on bad usage already; make its message our one-line format."""
-
-    def error(self, message: str) -> Any:
-        raise UsageError(message, hint=f"see '{self.prog} --help'")
-
-
 # Commands whose modules import jinja2, the Docker SDK or requests: registered by
-# ``<module>.add_commands(commands, add_selectors, parser_class)`` only when one of the
-# module's commands runs (or for --help), so ``envbuild resolve`` never pays for them.
+# ``<module>.add_commands(commands)`` only when one of the module's commands runs (or
+# for --help), so ``envbuild resolve`` never pays for them.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "lock": ("envbuild.render.docker", "pin a resolved stack into envbuild.lock"),
-    "render": ("envbuild.render.docker", "write a Dockerfile (and lock, smoke test) for a stack"),
-    "build": ("envbuild.engine.build", "render a stack and build its image on a Docker engine"),
-    "verify": ("envbuild.engine.build", "run an image's smoke test in a container"),
-    "clean": ("envbuild.engine.build", "remove containers envbuild left behind"),
-    "ci": ("envbuild.render.ci", "a GitHub Actions workflow or docker-bake.hcl for the top stacks"),
+    "lock": ("envbuild.commands.render", "pin a resolved stack into envbuild.lock"),
+    "render": ("envbuild.commands.render", "write a Dockerfile (and lock, smoke test) for a stack"),
+    "build": ("envbuild.commands.build", "render a stack and build its image on a Docker engine"),
+    "verify": ("envbuild.commands.build", "run an image's smoke test in a container"),
+    "clean": ("envbuild.commands.build", "remove containers envbuild left behind"),
+    "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.hcl for the top stacks"),
 }
 
 
@@ -59,16 +51,16 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
     except those of the module named by ``lazy`` (all of them when ``with_render``);
     likewise ``matrix refresh``, whose module is read only when ``refresh`` (or
     ``with_render``) asks for it."""
-    parser = _Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
-                     description="Reproducible GPU environments, resolved from the host driver up.",
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
+                    description="Reproducible GPU environments, resolved from the host driver up.",
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--matrices", metavar="DIR",
                         help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _add_resolve(commands)
-    _add_detect(commands)
+    detect.add_commands(commands)
     _add_smoke(commands)
     _add_matrix(commands, refresh=refresh or with_render)
     import importlib
@@ -78,35 +70,10 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
         if with_render or module == lazy:
             if module not in added:
                 added.add(module)
-                importlib.import_module(module).add_commands(commands, add_selectors, _Parser)
+                importlib.import_module(module).add_commands(commands)
         else:
             commands.add_parser(name, help=text)
     return parser
-
-
-def add_selectors(p: argparse.ArgumentParser) -> None:
-    """The stack selectors shared by resolve and every command that renders a stack."""
-    host = p.add_argument_group("host")
-    host.add_argument("--driver", help="host NVIDIA driver: 550, 550.54 or 550.54.15")
-    host.add_argument("--host", action="store_true", help="take driver and GPUs from this host")
-    host.add_argument("--gpu", action="append", default=[], metavar="NAME",
-                      help="target GPU by name (repeatable), e.g. 'RTX 4090', A100")
-    host.add_argument("--arch", action="append", default=[], metavar="sm_XY",
-                      help="target GPU architecture (repeatable), e.g. sm_89")
-    host.add_argument("--datacenter", action="store_true",
-                      help="the GPUs are datacenter parts (allows forward compatibility)")
-    stack = p.add_argument_group("stack")
-    for name, example in (("torch", "2.4.1, 2.4, >=2.3,<2.6"), ("python", "3.11"),
-                          ("cuda", "12.4"), ("cudnn", "9")):
-        stack.add_argument(f"--{name}", metavar="SPEC", help=f"constraint, e.g. {example}")
-    stack.add_argument("--ubuntu", metavar="YY.MM", help="Ubuntu release, e.g. 22.04")
-    stack.add_argument("--variant", metavar="NAME",
-                       help="wheel variant: cu124, cpu, or 'default' (the package index's wheel)")
-    stack.add_argument("--flavor", choices=("runtime", "devel"), default="runtime",
-                       help="devel adds the CUDA toolkit (nvcc) for building extensions")
-    stack.add_argument("--index-url", metavar="URL",
-                       help="index torch is installed from (default: the variant's own; for "
-                            "--variant default $PIP_INDEX_URL, else pip's configured index)")
 
 
 def _add_resolve(commands: Any) -> None:
@@ -117,18 +84,10 @@ def _add_resolve(commands: Any) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selectors(p)
     out = p.add_argument_group("output")
-    out.add_argument("--top", type=_positive_int, default=10, metavar="N", help="show N stacks")
+    out.add_argument("--top", type=positive_int, default=10, metavar="N", help="show N stacks")
     out.add_argument("--json", action="store_true", help="machine-readable output (stable)")
     out.add_argument("--explain", action="store_true", help="say why each family was rejected")
     p.set_defaults(run=cmd_resolve)
-
-
-def _add_detect(commands: Any) -> None:
-    p = commands.add_parser("detect", help="report host facts: driver, GPUs, OS, /dev/shm")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="read saved nvidia-smi output instead of probing")
-    p.set_defaults(run=cmd_detect)
 
 
 def _add_smoke(commands: Any) -> None:
@@ -140,7 +99,7 @@ def _add_smoke(commands: Any) -> None:
 def _add_matrix(commands: Any, *, refresh: bool) -> None:
     p = commands.add_parser("matrix", help="validate or show the compatibility data")
     sub = p.add_subparsers(dest="matrix_command", metavar="ACTION", required=True,
-                           parser_class=_Parser)
+                           parser_class=Parser)
     v = sub.add_parser("validate", help="check every file, row and cross-reference")
     v.add_argument("--write-manifest", action="store_true",
                    help="record each file's sha256 after a successful validation")
@@ -156,20 +115,7 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
         add_refresh_arguments(r)
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
 # --- commands ---------------------------------------------------------------------------
-
-
-def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
-    from envbuild.data import matrix
-
-    directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
-    return matrix.load(directory, cache_dir=matrix.cache_directory(env))
 
 
 def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
@@ -189,22 +135,6 @@ def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
         out(json.dumps(report.resolution_json(request, resolution, top=args.top), indent=2))
     else:
         out(report.resolution_text(request, resolution, top=args.top, explain=args.explain))
-    return 0
-
-
-def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild.host import probe as host
-
-    if args.from_file:
-        try:
-            text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}",
-                             hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file first") from None
-        facts = host.parse_saved(text)
-    else:
-        facts = host.probe_host(env)
-    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
     return 0
 
 

@@ -1,25 +1,22 @@
 """Render a lock into a Docker build context: pure, deterministic, validated first.
 
 ``render_docker(lock, options)`` returns the files as bytes (same lock and options,
-same bytes); ``write_output`` puts them on disk through a temporary directory beside
-the target, so an output directory is either complete or untouched. Every user value
-is checked in ``envbuild.lock`` before anything is rendered.
+same bytes); ``render.output.write_output`` puts them on disk through a temporary
+directory beside the target, so an output directory is either complete or untouched.
+Every user value is checked in ``render.lock`` before anything is rendered.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
-from envbuild.fs import FileData, UnwritableDirectory, write_file, write_tree
+from envbuild.fs import FileData
 from envbuild.render.lock import (
     Lock,
     Standalone,
@@ -31,12 +28,9 @@ from envbuild.render.lock import (
     check_url,
     check_user_name,
     make_lock,
-    read_lock,
 )
+from envbuild.render.templates import environment, major_minor
 from envbuild.resolver.resolve import Stack
-
-if TYPE_CHECKING:
-    import jinja2
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
 PEAKS_NAME = "smoke_peaks.json"
@@ -45,9 +39,6 @@ _MAX_CA_BYTES = 4 * 1024 * 1024
 # A wheel file name (PEP 427) with nothing a shell or a Dockerfile could read as syntax.
 _WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
                             r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
-
-# A rendered file's content: bytes, or a path to copy as is (large wheels are not read in).
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RenderOptions:
@@ -137,6 +128,14 @@ def lock_for(stack: Stack, matrix: Matrix, options: RenderOptions) -> Lock:
                      env=options.env, user=options.user, companions=options.companions)
 
 
+def wheel_index(stack: Stack, index_url: str | None, package_index: str | None) -> str | None:
+    """The index torch is installed from: --index-url, else the stack's own, else
+    ``package_index`` ($PIP_INDEX_URL or pip's configured index, for the 'default' variant,
+    whose stack names none)."""
+    index = index_url or stack.index_url or package_index
+    return None if index is None else check_url(index, "--index-url")
+
+
 def _ca_path(text: str) -> Path:
     path = Path(text)
     try:
@@ -153,37 +152,11 @@ def _ca_path(text: str) -> Path:
 # --- rendering ---------------------------------------------------------------------------
 
 
-def _templates_dir() -> Path:
-    """The packaged copy (installed wheel), else the repository's top-level templates/."""
-    packaged = Path(str(resources.files("envbuild"))) / "templates"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "templates"
-
-
-@cache  # one loader and template cache per process; templates are read-only files
-def environment() -> jinja2.Environment:
-    import jinja2  # only when rendering: the CLI's other commands never pay for it
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_templates_dir())),
-        undefined=jinja2.StrictUndefined,  # a missing variable is a bug, never an empty string
-        autoescape=False,  # a Dockerfile, not HTML: values are validated and quoted instead
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-
-
 def quote(value: str) -> str:
     """One double-quoted Dockerfile word: backslash, quote and ``$`` escaped, so a value can
     neither end the word nor expand a variable. Line breaks were rejected earlier."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
     return f'"{escaped}"'
-
-
-def major_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
 
 
 def required_cuda(stack: Stack) -> str | None:
@@ -290,152 +263,3 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     keep = sorted({n.split("/")[0] for n in files if n != "Dockerfile"})
     files[".dockerignore"] = ("*\n" + "".join(f"!{n}\n" for n in keep)).encode("utf-8")
     return dict(sorted(files.items()))
-
-
-# --- output -----------------------------------------------------------------------------
-
-
-def write_output(files: Mapping[str, FileData], out_dir: Path, *, force: bool) -> None:
-    """Write ``files`` into ``out_dir`` atomically: a complete new directory or nothing.
-
-    Refuses a non-empty ``out_dir`` unless ``force``; then the old directory is replaced
-    as a whole (moved aside, the new one renamed in, the old one removed)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"output {out_dir} exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise UsageError(f"output directory {out_dir} is not empty", hint="pass --force to replace it")
-    parent = out_dir.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write to {parent}: {exc.strerror}") from None
-    try:
-        write_tree(files, out_dir.resolve())
-    except UnwritableDirectory as exc:
-        raise UsageError(f"cannot write to {parent}: {exc.strerror}") from None
-
-
-# --- command line (cli.py wires these in with one call) --------------------------------
-
-Out = Callable[[str], None]
-
-
-def add_commands(commands: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
-                 parser_class: type[argparse.ArgumentParser]) -> None:
-    """``envbuild lock`` and ``envbuild render docker``."""
-    p = commands.add_parser("lock", help="resolve a stack and write envbuild.lock")
-    add_selectors(p)
-    add_render_options(p)
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="lock file to write")
-    p.set_defaults(run=cmd_lock)
-    r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
-    sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
-                           parser_class=parser_class)
-    d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
-    add_selectors(d)
-    add_render_options(d)
-    add_context_options(d)
-    d.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-    d.add_argument("--force", action="store_true", help="replace a non-empty output directory")
-    d.set_defaults(run=cmd_render_docker)
-    from envbuild.render import script  # render script / cloud-init: the same selectors and options
-
-    script.add_targets(sub, add_selectors, add_render_options)
-
-
-def add_render_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("image")
-    g.add_argument("--base-image", metavar="REF", help="FROM this image (mirror or private registry)")
-    g.add_argument("--python-url", metavar="URL",
-                   help="standalone CPython tarball, when the distro's python3 is not the stack's")
-    g.add_argument("--python-sha256", metavar="HEX", help="sha256 of --python-url")
-    g.add_argument("--apt-package", action="append", default=[], metavar="NAME")
-    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
-    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--user", default="envbuild", help="the image's unprivileged user")
-    g.add_argument("--no-companions", dest="companions", action="store_false",
-                   help="install torch alone, without torchvision and torchaudio")
-
-
-def add_context_options(p: argparse.ArgumentParser) -> None:
-    """Options that shape the build context but not the lock (render docker, build)."""
-    p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
-    p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
-    p.add_argument("--wheelhouse", metavar="DIR",
-                   help="wheels copied into the context and preferred (air-gapped builds)")
-
-
-def _options(args: argparse.Namespace, env: Mapping[str, str]) -> RenderOptions:
-    # The torch index comes from the stack; --index-url / $PIP_INDEX_URL only replace it
-    # for the 'default' variant, where the stack has none (it means pip's configured index).
-    return parse_options(
-        base_image=args.base_image, index_url=args.index_url,
-        python_url=args.python_url, python_sha256=args.python_sha256,
-        ca_bundle=getattr(args, "ca_bundle", None), apt_packages=args.apt_package,
-        pip_packages=args.pip_package, env=args.env, user=args.user,
-        wheelhouse=getattr(args, "wheelhouse", None), companions=args.companions)
-
-
-def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
-    from envbuild.resolver.resolve import explain_failure, resolve
-    from envbuild.resolver.selection import Selectors, build_request
-
-    options = _options(args, env)
-    request = build_request(Selectors.of(args), matrix, env)
-    resolution = resolve(request, matrix)
-    if not resolution.stacks:
-        raise explain_failure(request, matrix, resolution)
-    stack = resolution.stacks[0]
-    index = options.index_url or stack.index_url or request.package_index
-    if index is not None:
-        options = replace(options, index_url=check_url(index, "--index-url"))
-    return lock_for(stack, matrix, options)
-
-
-def _warn_duplicate_cuda(lock: Lock) -> None:
-    """The same CUDA libraries in the base image and the wheels: worth a line, not a failure."""
-    import sys
-
-    from envbuild.render.lock import duplicate_cuda
-
-    for warning in duplicate_cuda(lock):
-        print(f"warning: {warning}", file=sys.stderr)
-
-
-def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.commands.cli import load_matrix
-
-    lock = resolve_lock(args, env, load_matrix(args, env))
-    _warn_duplicate_cuda(lock)
-    path = Path(args.output)
-    if not path.parent.resolve().is_dir():
-        raise UsageError(f"directory of {path} does not exist")
-    write_file(path, lock.to_json().encode("utf-8"))
-    out(f"wrote {path}")
-    return 0
-
-
-def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
-    """The lock (read or resolved) and the build context's files, for render docker and build."""
-    from envbuild.commands.cli import load_matrix
-    from envbuild.data.peaks import peaks_json
-
-    matrix = load_matrix(args, env)
-    options = _options(args, env)
-    if args.lock and (args.base_image or args.python_url or args.apt_package or args.pip_package
-                      or args.env or args.user != "envbuild" or args.index_url
-                      or not args.companions):
-        # A lock is the whole recipe: options silently dropped would surprise the user.
-        raise UsageError("image options cannot be combined with --lock",
-                         hint="pass them to 'envbuild lock' instead")
-    lock = read_lock(Path(args.lock)) if args.lock else resolve_lock(args, env, matrix)
-    return lock, render_docker(lock, options, peaks=peaks_json(matrix))
-
-
-def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    lock, files = render_context(args, env)
-    _warn_duplicate_cuda(lock)
-    write_output(files, Path(args.output), force=args.force)
-    out(f"wrote {args.output}/ ({', '.join(files)})")
-    return 0

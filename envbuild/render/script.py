@@ -8,16 +8,14 @@ validated by ``envbuild.lock``) is one shell word and can never change the comma
 
 from __future__ import annotations
 
-import argparse
 import base64
 import shlex
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from envbuild.errors import UsageError
-from envbuild.render.docker import Out, environment, major_minor, resolve_lock, write_output
-from envbuild.render.lock import Lock, read_lock
+from envbuild.render.lock import Lock
+from envbuild.render.templates import environment, major_minor
 
 # Ubuntu release -> the directory of NVIDIA's network repository for it
 # (https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/).
@@ -125,46 +123,3 @@ def render_cloud_init(lock: Lock) -> dict[str, bytes]:
         torch=s.torch, variant=s.variant, python=s.python, ubuntu=s.ubuntu, files=embedded,
         prefix=PREFIX)
     return {"envbuild.lock": files["envbuild.lock"], "user-data": text.encode("utf-8")}
-
-
-# --- command line (render.add_commands calls add_targets) ---------------------------------
-
-Renderer = Callable[[Lock], dict[str, bytes]]
-
-
-def add_targets(sub: Any, add_selectors: Callable[[argparse.ArgumentParser], None],
-                add_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """``envbuild render script`` and ``envbuild render cloud-init``."""
-    for name, text, renderer in (
-            ("script", "a host install script: install.sh, lock, smoke test", render_script),
-            ("cloud-init", "cloud-init user-data running the host install script", render_cloud_init)):
-        p = sub.add_parser(name, help=text)
-        add_selectors(p)
-        add_options(p)
-        p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
-        p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-        p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
-        p.set_defaults(run=_command(renderer))
-
-
-def _command(renderer: Renderer) -> Callable[[argparse.Namespace, Mapping[str, str], Out], int]:
-    def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        files = renderer(lock_from_args(args, env))
-        write_output(files, Path(args.output), force=args.force)
-        out(f"wrote {args.output}/ ({', '.join(files)})")
-        return 0
-    return run
-
-
-def lock_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
-    if args.lock:
-        if (args.base_image or args.python_url or args.apt_package or args.pip_package or args.env
-                or args.user != "envbuild" or getattr(args, "index_url", None)
-                or not getattr(args, "companions", True)):
-            # A lock is the whole recipe: options silently dropped would surprise the user.
-            raise UsageError("install options cannot be combined with --lock",
-                             hint="pass them to 'envbuild lock' instead")
-        return read_lock(Path(args.lock))
-    from envbuild.commands.cli import load_matrix
-
-    return resolve_lock(args, env, load_matrix(args, env))

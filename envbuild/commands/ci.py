@@ -1,0 +1,84 @@
+"""``envbuild ci github|bake``: the resolver's top stacks as CI files in one directory."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbuild.commands.options import (
+    Command,
+    Out,
+    Parser,
+    add_selectors,
+    load_matrix,
+    positive_int,
+    resolve_stacks,
+)
+
+if TYPE_CHECKING:
+    from envbuild.fs import FileData
+    from envbuild.render.ci import CiOptions, CiStack
+
+Render = Callable[[Sequence["CiStack"], "CiOptions"], dict[str, "FileData"]]
+
+
+def add_commands(commands: Any) -> None:
+    """``envbuild ci github`` and ``envbuild ci bake``."""
+    from envbuild.render.bake import render_bake
+    from envbuild.render.github import render_github
+
+    p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.hcl")
+    sub = p.add_subparsers(dest="ci_target", metavar="TARGET", required=True,
+                           parser_class=Parser)
+    g = sub.add_parser("github", help="a workflow: matrix build, push, verify on a GPU runner")
+    _add_common(g)
+    g.add_argument("--gpu-runner-label", action="append", default=[], metavar="LABEL",
+                   help="label of the self-hosted GPU runner (repeatable; default: gpu)")
+    g.add_argument("--branch", default="main", help="push images from this branch (default main)")
+    g.set_defaults(run=_command(render_github))
+    b = sub.add_parser("bake", help="a docker-bake.hcl: a target per stack, groups per CUDA major")
+    _add_common(b)
+    b.set_defaults(run=_command(render_bake))
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    add_selectors(p)
+    g = p.add_argument_group("ci")
+    g.add_argument("--top", type=positive_int, default=4, metavar="N",
+                   help="the N best stacks (default 4)")
+    g.add_argument("--registry", required=True, metavar="REF",
+                   help="image repository, no tag (e.g. ghcr.io/acme/envbuild)")
+    g.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="image label added to every stack (repeatable)")
+    g.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+
+
+def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStack], list[str]]:
+    from envbuild.render.ci import select_stacks
+
+    matrix = load_matrix(args, env)
+    request, resolution = resolve_stacks(args, env, matrix)
+    return select_stacks(resolution.stacks, matrix, top=args.top, index_url=args.index_url,
+                         package_index=request.package_index)
+
+
+def _command(render: Render) -> Command:
+    def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+        from envbuild.render.ci import parse_ci_options
+        from envbuild.render.output import write_output
+
+        options = parse_ci_options(registry=args.registry,
+                                   runner_labels=getattr(args, "gpu_runner_label", ()),
+                                   labels=args.label, branch=getattr(args, "branch", "main"))
+        stacks, skipped = _plan(args, env)
+        write_output(render(stacks, options), Path(args.output), force=args.force)
+        count = f"{len(stacks)} stack{'s' if len(stacks) != 1 else ''}"
+        out(f"wrote {args.output}/ with {count}: {', '.join(s.id for s in stacks)}")
+        if skipped:
+            out(f"note: skipped {len(skipped)} stacks whose Python is not their Ubuntu's python3 "
+                f"({', '.join(skipped)})")
+        return 0
+    return run

@@ -1,0 +1,36 @@
+"""``envbuild detect``: the host's driver, GPUs, OS and /dev/shm, probed or read from a file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from envbuild.commands.options import Out
+from envbuild.errors import UsageError
+
+
+def add_commands(commands: Any) -> None:
+    p = commands.add_parser("detect", help="report host facts: driver, GPUs, OS, /dev/shm")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="read saved nvidia-smi output instead of probing")
+    p.set_defaults(run=cmd_detect)
+
+
+def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from envbuild.host import probe as host
+
+    if args.from_file:
+        try:
+            text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}",
+                             hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file first") from None
+        facts = host.parse_saved(text)
+    else:
+        facts = host.probe_host(env)
+    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
+    return 0

@@ -1,0 +1,164 @@
+"""What several commands share: the parser class, the selector and image options, the
+matrix they read, and the turning of a Namespace into the values the library takes.
+
+Only the commands layer imports this module; nothing here renders or builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from envbuild.data.matrix import Matrix
+    from envbuild.render.docker import RenderOptions
+    from envbuild.render.lock import Lock
+    from envbuild.resolver.resolve import Request, Resolution
+
+# A command's printer for its results (standard output; see cli._print).
+Out = Callable[[str], None]
+# What every command's ``run`` is: the parsed arguments, the environment, the printer.
+Command = Callable[[argparse.Namespace, Mapping[str, str], Out], int]
+WARNING = "envbuild: warning: "
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage already; make its message our one-line format."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(message, hint=f"see '{self.prog} --help'")
+
+
+def warn(message: str) -> None:
+    """A warning on standard error, in the one format every command uses."""
+    print(f"{WARNING}{message}", file=sys.stderr, flush=True)
+
+
+def warn_all(messages: Iterable[str]) -> None:
+    for message in messages:
+        warn(message)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+# --- option definitions ------------------------------------------------------------------
+
+
+def add_selectors(p: argparse.ArgumentParser) -> None:
+    """The stack selectors shared by resolve and every command that renders a stack."""
+    host = p.add_argument_group("host")
+    host.add_argument("--driver", help="host NVIDIA driver: 550, 550.54 or 550.54.15")
+    host.add_argument("--host", action="store_true", help="take driver and GPUs from this host")
+    host.add_argument("--gpu", action="append", default=[], metavar="NAME",
+                      help="target GPU by name (repeatable), e.g. 'RTX 4090', A100")
+    host.add_argument("--arch", action="append", default=[], metavar="sm_XY",
+                      help="target GPU architecture (repeatable), e.g. sm_89")
+    host.add_argument("--datacenter", action="store_true",
+                      help="the GPUs are datacenter parts (allows forward compatibility)")
+    stack = p.add_argument_group("stack")
+    for name, example in (("torch", "2.4.1, 2.4, >=2.3,<2.6"), ("python", "3.11"),
+                          ("cuda", "12.4"), ("cudnn", "9")):
+        stack.add_argument(f"--{name}", metavar="SPEC", help=f"constraint, e.g. {example}")
+    stack.add_argument("--ubuntu", metavar="YY.MM", help="Ubuntu release, e.g. 22.04")
+    stack.add_argument("--variant", metavar="NAME",
+                       help="wheel variant: cu124, cpu, or 'default' (the package index's wheel)")
+    stack.add_argument("--flavor", choices=("runtime", "devel"), default="runtime",
+                       help="devel adds the CUDA toolkit (nvcc) for building extensions")
+    stack.add_argument("--index-url", metavar="URL",
+                       help="index torch is installed from (default: the variant's own; for "
+                            "--variant default $PIP_INDEX_URL, else pip's configured index)")
+
+
+def add_render_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("image")
+    g.add_argument("--base-image", metavar="REF", help="FROM this image (mirror or private registry)")
+    g.add_argument("--python-url", metavar="URL",
+                   help="standalone CPython tarball, when the distro's python3 is not the stack's")
+    g.add_argument("--python-sha256", metavar="HEX", help="sha256 of --python-url")
+    g.add_argument("--apt-package", action="append", default=[], metavar="NAME")
+    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--user", default="envbuild", help="the image's unprivileged user")
+    g.add_argument("--no-companions", dest="companions", action="store_false",
+                   help="install torch alone, without torchvision and torchaudio")
+
+
+def add_context_options(p: argparse.ArgumentParser) -> None:
+    """Options that shape the build context but not the lock (render docker, build)."""
+    p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+    p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
+    p.add_argument("--wheelhouse", metavar="DIR",
+                   help="wheels copied into the context and preferred (air-gapped builds)")
+
+
+def add_output_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+
+
+# --- from a Namespace to values ----------------------------------------------------------
+
+
+def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
+    from envbuild.data import matrix
+
+    directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
+    return matrix.load(directory, cache_dir=matrix.cache_directory(env))
+
+
+def render_options(args: argparse.Namespace) -> RenderOptions:
+    """The image options, validated. The torch index comes from the stack; --index-url /
+    $PIP_INDEX_URL only replace it for the 'default' variant, where the stack has none
+    (it means pip's configured index)."""
+    from envbuild.render.docker import parse_options
+
+    return parse_options(
+        base_image=args.base_image, index_url=args.index_url,
+        python_url=args.python_url, python_sha256=args.python_sha256,
+        ca_bundle=getattr(args, "ca_bundle", None), apt_packages=args.apt_package,
+        pip_packages=args.pip_package, env=args.env, user=args.user,
+        wheelhouse=getattr(args, "wheelhouse", None), companions=args.companions)
+
+
+def reject_image_options(args: argparse.Namespace, *, kind: str) -> None:
+    """A lock is the whole recipe: image options given with --lock would be silently
+    dropped, which would surprise the user. ``kind`` names them as the command calls them."""
+    if (args.base_image or args.python_url or args.apt_package or args.pip_package or args.env
+            or args.user != "envbuild" or args.index_url or not args.companions):
+        raise UsageError(f"{kind} options cannot be combined with --lock",
+                         hint="pass them to 'envbuild lock' instead")
+
+
+def resolve_stacks(args: argparse.Namespace, env: Mapping[str, str],
+                   matrix: Matrix) -> tuple[Request, Resolution]:
+    """The request the selectors make and its resolution; no stack is NoCompatibleStack."""
+    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.selection import Selectors, build_request
+
+    request = build_request(Selectors.of(args), matrix, env)
+    resolution = resolve(request, matrix)
+    if not resolution.stacks:
+        raise explain_failure(request, matrix, resolution)
+    return request, resolution
+
+
+def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
+    """The lock of the best stack the selectors and image options allow."""
+    from envbuild.render.docker import lock_for, wheel_index
+
+    options = render_options(args)
+    request, resolution = resolve_stacks(args, env, matrix)
+    stack = resolution.stacks[0]
+    options = replace(options, index_url=wheel_index(stack, options.index_url,
+                                                     request.package_index))
+    return lock_for(stack, matrix, options)

@@ -1,0 +1,126 @@
+"""``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbuild.commands.options import (
+    Command,
+    Out,
+    Parser,
+    add_context_options,
+    add_output_dir,
+    add_render_options,
+    add_selectors,
+    load_matrix,
+    reject_image_options,
+    render_options,
+    resolve_lock,
+    warn_all,
+)
+from envbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from envbuild.fs import FileData
+    from envbuild.render.lock import Lock
+
+# A host renderer (render script, render cloud-init): a lock in, files out.
+Renderer = Callable[["Lock"], dict[str, bytes]]
+
+
+def add_commands(commands: Any) -> None:
+    """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
+    from envbuild.render.script import render_cloud_init, render_script
+
+    p = commands.add_parser("lock", help="resolve a stack and write envbuild.lock")
+    add_selectors(p)
+    add_render_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="lock file to write")
+    p.set_defaults(run=cmd_lock)
+    r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
+    sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
+                           parser_class=Parser)
+    d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
+    add_selectors(d)
+    add_render_options(d)
+    add_context_options(d)
+    add_output_dir(d)
+    d.set_defaults(run=cmd_render_docker)
+    for name, text, renderer in (
+            ("script", "a host install script: install.sh, lock, smoke test", render_script),
+            ("cloud-init", "cloud-init user-data running the host install script", render_cloud_init)):
+        h = sub.add_parser(name, help=text)
+        add_selectors(h)
+        add_render_options(h)
+        h.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+        add_output_dir(h)
+        h.set_defaults(run=render_host(renderer))
+
+
+def warn_duplicate_cuda(lock: Lock) -> None:
+    """The same CUDA libraries in the base image and the wheels: worth a line, not a failure."""
+    from envbuild.render.lock import duplicate_cuda
+
+    warn_all(duplicate_cuda(lock))
+
+
+def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from envbuild.fs import write_file
+
+    lock = resolve_lock(args, env, load_matrix(args, env))
+    warn_duplicate_cuda(lock)
+    path = Path(args.output)
+    if not path.parent.resolve().is_dir():
+        raise UsageError(f"directory of {path} does not exist")
+    write_file(path, lock.to_json().encode("utf-8"))
+    out(f"wrote {path}")
+    return 0
+
+
+def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
+    """The lock (read or resolved) and the build context's files, for render docker and build."""
+    from envbuild.data.peaks import peaks_json
+    from envbuild.render.docker import render_docker
+    from envbuild.render.lock import read_lock
+
+    matrix = load_matrix(args, env)
+    options = render_options(args)
+    if args.lock:
+        reject_image_options(args, kind="image")
+    lock = read_lock(Path(args.lock)) if args.lock else resolve_lock(args, env, matrix)
+    return lock, render_docker(lock, options, peaks=peaks_json(matrix))
+
+
+def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    lock, files = render_context(args, env)
+    warn_duplicate_cuda(lock)
+    return write_files(args, files, out)
+
+
+def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Out) -> int:
+    """-o DIR (--force) gets ``files``, all of them or none."""
+    from envbuild.render.output import write_output
+
+    write_output(files, Path(args.output), force=args.force)
+    out(f"wrote {args.output}/ ({', '.join(files)})")
+    return 0
+
+
+def render_host(renderer: Renderer) -> Command:
+    """The command for one host renderer: the lock read (or resolved), rendered, written."""
+    def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+        return write_files(args, renderer(read_or_resolve_lock(args, env)), out)
+    return run
+
+
+def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
+    """Unlike render docker, the --lock rule is checked before any option is validated."""
+    from envbuild.render.lock import read_lock
+
+    if args.lock:
+        reject_image_options(args, kind="install")
+        return read_lock(Path(args.lock))
+    return resolve_lock(args, env, load_matrix(args, env))
