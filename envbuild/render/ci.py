@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
     from envbuild.render.docker import Out
-    from envbuild.resolver.resolve import Stack
+    from envbuild.resolver.model import Stack
 
 WORKFLOW_PATH = ".github/workflows/envbuild.yml"
 MATRIX_PATH = "stacks/matrix.json"
@@ -466,7 +466,8 @@ def _top(text: str) -> int:
 
 def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStack], list[str]]:
     from envbuild.commands.cli import load_matrix
-    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.explain import explain_failure
+    from envbuild.resolver.resolve import resolve
     from envbuild.resolver.selection import Selectors, build_request
 
     matrix = load_matrix(args, env)

@@ -33,7 +33,7 @@ from envbuild.render.lock import (
     make_lock,
     read_lock,
 )
-from envbuild.resolver.resolve import Stack
+from envbuild.resolver.model import Stack
 
 if TYPE_CHECKING:
     import jinja2
@@ -378,7 +378,8 @@ def _options(args: argparse.Namespace, env: Mapping[str, str]) -> RenderOptions:
 
 
 def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
-    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.explain import explain_failure
+    from envbuild.resolver.resolve import resolve
     from envbuild.resolver.selection import Selectors, build_request
 
     options = _options(args, env)
