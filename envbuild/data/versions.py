@@ -306,7 +306,10 @@ def _bare_version_requirement(kind: str, text: str) -> Requirement:
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
     if version.local is not None and text.count("+") != 1:
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
-    return _series_or_release(kind, text, version.public, len(version.release), version.local)
+    requirement = _series_or_release(kind, text, version.public, len(version.release),
+                                     version.local)
+    requirement.specifier  # noqa: B018 - built now: a series packaging refuses fails here, as ever
+    return requirement
 
 
 def _series_or_release(kind: str, text: str, public: str, components: int,
