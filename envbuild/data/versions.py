@@ -148,13 +148,14 @@ class Requirement:
     hands anything else to ``packaging``.
     """
 
-    __slots__ = ("_clauses", "_specifier", "kind", "local", "spec", "text")
+    __slots__ = ("_clauses", "_specifier", "_verdicts", "kind", "local", "spec", "text")
     kind: str
     text: str
     spec: str
     local: str | None
     _clauses: tuple[_Clause, ...] | None
     _specifier: SpecifierSet | None
+    _verdicts: dict[str, bool]  # admits' answers so far: a cache, not part of the value
 
     def __init__(self, *, kind: str, text: str, spec: str, local: str | None = None,
                  specifier: SpecifierSet | None = None) -> None:
@@ -164,6 +165,7 @@ class Requirement:
         object.__setattr__(self, "local", local)
         object.__setattr__(self, "_clauses", _simple_clauses(spec))
         object.__setattr__(self, "_specifier", specifier)  # built when first needed
+        object.__setattr__(self, "_verdicts", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")
@@ -195,9 +197,15 @@ class Requirement:
     def admits(self, version: Version | str) -> bool:
         """``SpecifierSet(spec).contains(version, prereleases=True)``."""
         if self._clauses is not None and isinstance(version, str):
+            # A resolve asks about the same few version texts hundreds of times.
+            found = self._verdicts.get(version)
+            if found is not None:
+                return found
             release = _plain_release(version)
             if release is not None:
-                return all(_holds(clause, release) for clause in self._clauses)
+                found = self._verdicts[version] = all(_holds(clause, release)
+                                                      for clause in self._clauses)
+                return found
         from packaging.version import Version
 
         value = version if isinstance(version, Version) else Version(version)
