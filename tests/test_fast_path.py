@@ -175,3 +175,31 @@ def test_a_full_disk_is_one_line_and_exit_1(argv: tuple[str, ...], tmp_path: Pat
     assert done.returncode == 1
     assert len(lines) == 1
     assert lines[0].startswith("envbuild: error[output]: cannot write standard output: ")
+
+
+@pytest.mark.parametrize("argv", [
+    ("resolve", "--driver", "550", "--json"),
+    ("resolve", "--driver=550", "--torch=2.4", "--python", "3.11", "--cuda", "12.4"),
+    ("resolve", "--gpu", "RTX 4090", "--torch", ">=2.3,<2.6", "--explain"),
+])
+def test_a_warm_plain_resolve_starts_without_the_costly_imports(argv: tuple[str, ...],
+                                                               tmp_path: Path) -> None:
+    # Each of these costs a large part of the start-up budget (twice a bare interpreter).
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("ENVBUILD_NO_CACHE", None)
+    warm = ("import os, sys\n"
+            "from envbuild.resolver import index\n"
+            "index.RACY_NS = 0  # data just checked out may be younger than the racy window\n"
+            "from envbuild.__main__ import main\n"
+            "sys.exit(main(sys.argv[1:], os.environ))\n")
+    subprocess.run([sys.executable, "-c", warm, *argv], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                           "from envbuild.__main__ import run; run()", *argv],
+                          env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    costly = {"argparse", "dataclasses", "typing", "packaging.version", "packaging.specifiers",
+              "json.decoder", "pathlib", "envbuild.commands.cli"}
+    assert imported & costly == set()

@@ -153,25 +153,25 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
                      "release; the wheels carry the CUDA libraries")
     if not row.get("arch_list") and row["cuda"]:
         notes.append("arch list not recorded: GPU support of this wheel is unverified")
-    return Stack(**{
-        "torch": row["torch"],
-        "torchvision": companions.get("torchvision"),
-        "torchaudio": companions.get("torchaudio"),
-        "variant": family.variant,
-        "index_url": family.index_url,
-        "cuda": family.pins.get("cuda_runtime", row["cuda"]),
-        "cudnn": family.pins.get("cudnn"),
-        "nccl": family.pins.get("nccl"),
-        "python": python,
-        "ubuntu": ubuntu,
-        "base_image": image,
-        "base_cuda": base_cuda,
-        "compat": runtime.compat if runtime else None,
-        "min_driver": runtime.min_driver.full() if runtime else None,
-        "flavor": ask.flavor,
-        "arch_list": tuple(row.get("arch_list", ())),
-        "notes": tuple(notes),
-    })
+    return Stack(
+        torch=row["torch"],
+        torchvision=companions.get("torchvision"),
+        torchaudio=companions.get("torchaudio"),
+        variant=family.variant,
+        index_url=family.index_url,
+        cuda=family.pins.get("cuda_runtime", row["cuda"]),
+        cudnn=family.pins.get("cudnn"),
+        nccl=family.pins.get("nccl"),
+        python=python,
+        ubuntu=ubuntu,
+        base_image=image,
+        base_cuda=base_cuda,
+        compat=runtime.compat if runtime else None,
+        min_driver=runtime.min_driver.full() if runtime else None,
+        flavor=ask.flavor,
+        arch_list=tuple(row.get("arch_list", ())),
+        notes=tuple(notes),
+    )
 
 
 def evaluate(family: Family, ask: Request, ix: Index,

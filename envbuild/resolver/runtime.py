@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from envbuild.data.gpus import ArchEntry, GpuTarget
     from envbuild.resolver.families import Family
     from envbuild.resolver.index import Index, Toolkit
-    from envbuild.resolver.model import Request
+    from envbuild.resolver.model import Compat, Request
 
 
 class Runtime:
@@ -31,7 +31,7 @@ class Runtime:
 
     __slots__ = ("base_releases", "compat", "min_driver", "source")
 
-    def __init__(self, compat: str, base_releases: list[str], min_driver: DriverVersion,
+    def __init__(self, compat: Compat, base_releases: list[str], min_driver: DriverVersion,
                  source: str) -> None:
         self.compat = compat
         self.base_releases = base_releases  # CUDA releases a base image may carry, best first
