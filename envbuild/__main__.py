@@ -47,9 +47,9 @@ class Output:
 
 def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
     """What argparse would read from ``argv``, or None when unsure."""
-    values: dict[str, object] = {}
-    gpus: list[str] = []
-    arches: list[str] = []
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    added: dict[str, list[str]] = {"gpu": [], "arch": []}
     rest = list(argv)
     matrices = None
     if rest and rest[0].startswith("--matrices=") and _plain(rest[0][len("--matrices="):]):
@@ -60,14 +60,14 @@ def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
         return None
     i = 1
     while i < len(rest):
-        option, equals, value = rest[i].partition("=")
+        option, equals, value = rest[i].partition("=")  # --opt=value, as argparse splits it
         if option not in _OPTIONS:
             return None
         dest, kind = _OPTIONS[option]
         if kind == "flag":
             if equals:
                 return None  # argparse refuses a value for a flag
-            values[dest] = True
+            flags.add(dest)
             i += 1
             continue
         if not equals:
@@ -78,20 +78,23 @@ def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
         if not _plain(value):
             return None
         if kind == "add":
-            (gpus if dest == "gpu" else arches).append(value)
+            added[dest].append(value)
         else:
             values[dest] = value
         i += 1
-    top = str(values.pop("top", "10"))
-    if values.get("flavor", "runtime") not in ("runtime", "devel"):
+    top, flavor = values.get("top", "10"), values.get("flavor", "runtime")
+    if flavor not in ("runtime", "devel") or not (top.isascii() and top.isdigit() and int(top) >= 1):
         return None
-    if not (top.isascii() and top.isdigit() and int(top) >= 1):
-        return None
-    output = Output(matrices=matrices, top=int(top), json=values.pop("json", False) is True,
-                    explain=values.pop("explain", False) is True)
     from envbuild.resolver.selection import Selectors
 
-    return Selectors(gpu=gpus, arch=arches, **values), output  # type: ignore[arg-type]
+    selectors = Selectors(
+        driver=values.get("driver"), gpu=added["gpu"], arch=added["arch"],
+        datacenter="datacenter" in flags, torch=values.get("torch"), python=values.get("python"),
+        cuda=values.get("cuda"), cudnn=values.get("cudnn"), ubuntu=values.get("ubuntu"),
+        variant=values.get("variant"), flavor="devel" if flavor == "devel" else "runtime",
+        index_url=values.get("index_url"))
+    return selectors, Output(matrices=matrices, top=int(top), json="json" in flags,
+                             explain="explain" in flags)
 
 
 def _plain(value: str) -> bool:
