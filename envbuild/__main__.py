@@ -1,13 +1,14 @@
 """``python -m envbuild``: the CLI, with a fast path for plain ``resolve`` commands.
 
-Issue 2 holds ``envbuild resolve`` to twice a bare interpreter's start-up. Building the
-argparse CLI (and importing what it imports) costs more than that on its own, so a
-``resolve`` command made only of the options below, each written out in full, is
-recognised here and resolved through ``envbuild.candidates`` directly. Anything else
-(other commands, --help, abbreviations, ``--opt=value``, --host, --debug, values that
-start with '-') goes to ``envbuild.cli``, as does every command that does not end in a
-resolved stack: errors and "no compatible stack" are reported by the CLI itself, which
-then redoes the work. So the fast path prints only what the CLI would print.
+``envbuild resolve`` is held to twice a bare interpreter's start-up. Building the argparse
+CLI (and importing what it imports) costs more than that on its own, so a ``resolve``
+command made only of the options below (``--opt value`` or ``--opt=value``, each written
+out in full) is read here by hand into the same ``Selectors`` and output options the CLI
+reads from its namespace, and answered by the same ``resolver.answer.answer``. Anything
+else (other commands, --help, abbreviations, --host, --debug, values that start with '-')
+goes to ``envbuild.commands.cli``, as does every command that does not end in a resolved
+stack: errors and "no compatible stack" are reported by the CLI itself, which then redoes
+the work. So the fast path prints only what the CLI would print.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from envbuild.resolver.selection import Selectors
+
 # Option → (destination, kind): "one" stores a value, "add" appends one, "flag" stores True.
+# Destinations are the CLI's: the Selectors' fields, then the output options.
 _OPTIONS = {
     "--driver": ("driver", "one"), "--gpu": ("gpu", "add"), "--arch": ("arch", "add"),
     "--datacenter": ("datacenter", "flag"), "--torch": ("torch", "one"),
@@ -31,61 +35,66 @@ _OPTIONS = {
 }
 
 
-class _Args:
-    """The parts of ``cli``'s argparse namespace that ``resolve`` reads, with its defaults."""
+class Output:
+    """How to answer: the CLI's ``--matrices`` and resolve's output options, with its defaults."""
 
-    def __init__(self) -> None:
-        self.matrices: str | None = None
-        self.driver: str | None = None
-        self.host = False
-        self.gpu: list[str] = []
-        self.arch: list[str] = []
-        self.datacenter = False
-        self.torch: str | None = None
-        self.python: str | None = None
-        self.cuda: str | None = None
-        self.cudnn: str | None = None
-        self.ubuntu: str | None = None
-        self.variant: str | None = None
-        self.flavor = "runtime"
-        self.index_url: str | None = None
-        self.top: str | int = 10
-        self.json = False
-        self.explain = False
+    __slots__ = ("explain", "json", "matrices", "top")
+
+    def __init__(self, *, matrices: str | None = None, top: int = 10, json: bool = False,
+                 explain: bool = False) -> None:
+        self.matrices, self.top, self.json, self.explain = matrices, top, json, explain
 
 
-def plain_resolve_args(argv: Sequence[str]) -> _Args | None:
-    """The namespace argparse would build for ``argv``, or None when unsure."""
-    args = _Args()
+def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
+    """What argparse would read from ``argv``, or None when unsure."""
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    added: dict[str, list[str]] = {"gpu": [], "arch": []}
     rest = list(argv)
-    if rest[:1] == ["--matrices"] and len(rest) > 1 and _plain(rest[1]):
-        args.matrices, rest = rest[1], rest[2:]
+    matrices = None
+    if rest and rest[0].startswith("--matrices=") and _plain(rest[0][len("--matrices="):]):
+        matrices, rest = rest[0][len("--matrices="):], rest[1:]
+    elif rest[:1] == ["--matrices"] and len(rest) > 1 and _plain(rest[1]):
+        matrices, rest = rest[1], rest[2:]
     if rest[:1] != ["resolve"]:
         return None
     i = 1
     while i < len(rest):
-        if rest[i] not in _OPTIONS:
+        option, equals, value = rest[i].partition("=")  # --opt=value, as argparse splits it
+        if option not in _OPTIONS:
             return None
-        dest, kind = _OPTIONS[rest[i]]
+        dest, kind = _OPTIONS[option]
         if kind == "flag":
-            setattr(args, dest, True)
+            if equals:
+                return None  # argparse refuses a value for a flag
+            flags.add(dest)
             i += 1
             continue
-        if i + 1 >= len(rest) or not _plain(rest[i + 1]):
+        if not equals:
+            if i + 1 >= len(rest):
+                return None
+            value = rest[i + 1]
+            i += 1
+        if not _plain(value):
             return None
-        value = rest[i + 1]
         if kind == "add":
-            getattr(args, dest).append(value)
+            added[dest].append(value)
         else:
-            setattr(args, dest, value)
-        i += 2
-    if args.flavor not in ("runtime", "devel"):
+            values[dest] = value
+        i += 1
+    top, flavor = values.get("top", "10"), values.get("flavor", "runtime")
+    if flavor not in ("runtime", "devel") or not (top.isascii() and top.isdigit() and int(top) >= 1):
         return None
-    top = str(args.top)
-    if not (top.isascii() and top.isdigit() and int(top) >= 1):
-        return None
-    args.top = int(top)
-    return args
+    from envbuild.resolver.selection import Selectors
+
+    selectors = Selectors(
+        driver=values.get("driver"), gpu=added["gpu"], arch=added["arch"],
+        datacenter="datacenter" in flags, torch=values.get("torch"), python=values.get("python"),
+        cuda=values.get("cuda"), cudnn=values.get("cudnn"), ubuntu=values.get("ubuntu"),
+        variant=values.get("variant"), flavor="devel" if flavor == "devel" else "runtime",
+        index_url=values.get("index_url"))
+    return selectors, Output(matrices=matrices, top=int(top), json="json" in flags,
+                             explain="explain" in flags)
 
 
 def _plain(value: str) -> bool:
@@ -94,26 +103,18 @@ def _plain(value: str) -> bool:
 
 
 def fast_resolve(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
-    """Run a plain ``resolve`` command; None when ``envbuild.cli`` must run it instead."""
-    args = plain_resolve_args(argv)
-    if args is None:
+    """Run a plain ``resolve`` command; None when ``envbuild.commands.cli`` must run it instead."""
+    parsed = plain_resolve_args(argv)
+    if parsed is None:
         return None
+    selectors, output = parsed
     try:
-        from envbuild.data.matrix import cache_directory_name, default_directory_name
-        from envbuild.resolver import candidates, report
-        from envbuild.resolver.selection import Selectors, build_query
+        from envbuild.resolver.answer import answer
 
-        directory = args.matrices or default_directory_name(env)
-        index = candidates.load_index(directory, cache_directory_name(env))
-        query = build_query(Selectors.of(args), index, env)
-        outcome = candidates.solve(query, index)
-        if not outcome.stacks:
+        text, failure = answer(selectors, matrices=output.matrices, env=env, top=output.top,
+                               as_json=output.json, explain=output.explain)
+        if failure is not None or text is None:
             return None  # the CLI explains the failure and re-solves the ways out
-        assert isinstance(args.top, int)
-        if args.json:
-            text = report.json_text(report.resolution_json(query, outcome, top=args.top))
-        else:
-            text = report.resolution_text(query, outcome, top=args.top, explain=args.explain)
     except KeyboardInterrupt:
         print("envbuild: interrupted", file=sys.stderr)
         return 130

@@ -22,7 +22,8 @@ from envbuild.errors import UsageError
 from envbuild.render import bake, ci, github
 from envbuild.render import docker as render
 from envbuild.render.lock import read_lock
-from envbuild.resolver.resolve import Request, resolve
+from envbuild.resolver.model import Request
+from envbuild.resolver.resolve import resolve
 
 GOLDEN = Path(__file__).parent / "golden" / "ci"
 ENV = {"ENVBUILD_NO_CACHE": "1"}

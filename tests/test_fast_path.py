@@ -36,6 +36,13 @@ PLAIN = [
     ["resolve", "--driver", "560", "--flavor", "devel", "--json"],
     ["resolve", "--driver", "550", "--ubuntu", "20.04", "--explain"],
     ["resolve", "--driver", "550", "--cudnn", "9", "--json"],
+    ["resolve", "--driver=550", "--torch=2.4", "--json"],  # the --opt=value spelling
+    [f"--matrices={Path(__file__).resolve().parent.parent / 'matrices'}", "resolve", "--gpu=RTX 4090",
+     "--top=3"],
+    ["resolve", "--driver", "550", "--torch", ">=2.3,<2.5", "--python", "3.11", "--explain"],
+    ["resolve", "--driver", "550", "--torch", "==2.4.*", "--cuda", "12.4", "--json"],
+    ["resolve", "--driver", "550", "--torch", "~=2.3.0", "--json"],  # packaging's forms too
+    ["resolve", "--driver", "550", "--torch", "2.3.1+cu121", "--explain"],
     ["resolve", "--driver", "470.82", "--cuda", "12.4", "--json"],  # exit 3
     ["resolve", "--driver", "418", "--gpu", "T4", "--datacenter"],  # exit 3
     ["resolve", "--driver", "abc"],  # exit 2
@@ -59,13 +66,18 @@ def test_fast_path_prints_what_the_cli_prints(argv: list[str], env: dict[str, st
 
 
 @pytest.mark.parametrize("argv", [
-    ["resolve", "--driver=550"],  # --opt=value: argparse's business
     ["resolve", "--dri", "550"],  # an abbreviation argparse would accept
     ["resolve", "--driver", "550", "--host"],
     ["resolve", "--driver", "550", "--debug"],
     ["resolve", "--driver", "-1"],
     ["resolve", "--top", "0"],
     ["resolve", "--flavor", "slim"],
+    ["resolve", "--flavor=slim"],
+    ["resolve", "--driver="],  # an empty value: argparse's business
+    ["resolve", "--driver=-1"],
+    ["resolve", "--json=yes"],  # a flag takes no value
+    ["resolve", "--driver"],
+    ["--matrices=", "resolve"],
     ["resolve", "--help"],
     ["detect"],
     ["--matrices", "x", "render", "docker"],
@@ -74,12 +86,28 @@ def test_anything_but_a_plain_resolve_goes_to_the_cli(argv: list[str]) -> None:
     assert entry.plain_resolve_args(argv) is None
 
 
-def test_plain_arguments_become_the_cli_namespace() -> None:
-    args = entry.plain_resolve_args(["--matrices", "/m", "resolve", "--gpu", "A", "--gpu", "B",
-                                     "--top", "3", "--json"])
-    assert args is not None
-    assert (args.matrices, args.gpu, args.top, args.json, args.flavor) == ("/m", ["A", "B"], 3,
-                                                                            True, "runtime")
+def test_plain_arguments_become_the_cli_selectors() -> None:
+    parsed = entry.plain_resolve_args(["--matrices", "/m", "resolve", "--gpu", "A", "--gpu=B",
+                                       "--top", "3", "--json", "--torch=2.4"])
+    assert parsed is not None
+    selectors, output = parsed
+    assert (selectors.gpu, selectors.torch, selectors.flavor) == (("A", "B"), "2.4", "runtime")
+    assert (output.matrices, output.top, output.json, output.explain) == ("/m", 3, True, False)
+
+
+def test_the_fast_path_and_the_cli_read_the_same_selectors() -> None:
+    # What the fast path reads is what the CLI's namespace holds, through Selectors.of.
+    from envbuild.resolver.selection import SELECTOR_FIELDS, Selectors
+
+    argv = ["resolve", "--driver", "550", "--gpu", "A", "--arch=sm_90", "--datacenter",
+            "--torch", "2.4", "--python=3.11", "--cuda", "12.4", "--cudnn", "9", "--ubuntu",
+            "22.04", "--variant", "cu124", "--flavor", "devel", "--index-url", "https://x.invalid/"]
+    parsed = entry.plain_resolve_args(argv)
+    assert parsed is not None
+    namespace = cli.build_parser().parse_args(argv)
+    expected = Selectors.of(namespace)
+    for name in SELECTOR_FIELDS:
+        assert getattr(parsed[0], name) == getattr(expected, name), name
 
 
 def _console(*argv: str, tmp_path: Path, stdout: Any,
@@ -122,7 +150,7 @@ def test_console_entry_hands_failures_to_the_cli(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [
     ("resolve", "--driver", "550", "--json"),  # the fast path
-    ("resolve", "--driver=550", "--json"),  # the CLI
+    ("resolve", "--dri", "550", "--json"),  # the CLI
 ])
 def test_a_reader_that_stops_early_ends_the_command_quietly(argv: tuple[str, ...],
                                                             tmp_path: Path) -> None:
@@ -138,7 +166,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(argv: tuple[str, ...
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("argv", [
     ("resolve", "--driver", "550", "--json"),
-    ("resolve", "--driver=550", "--json"),
+    ("resolve", "--dri", "550", "--json"),
 ])
 def test_a_full_disk_is_one_line_and_exit_1(argv: tuple[str, ...], tmp_path: Path) -> None:
     with open("/dev/full", "wb") as full:
@@ -149,18 +177,29 @@ def test_a_full_disk_is_one_line_and_exit_1(argv: tuple[str, ...], tmp_path: Pat
     assert lines[0].startswith("envbuild: error[output]: cannot write standard output: ")
 
 
-def test_the_fast_path_values_declare_the_typed_api_fields() -> None:
-    # candidates declares Pinned and Query by hand (no dataclasses on the start-up path);
-    # resolve's dataclasses are the API. Both must list the same fields with the same types.
-    from dataclasses import fields
-
-    from envbuild.resolver import candidates, resolve
-    for plain, typed, names in ((candidates.Pinned, resolve.Stack, candidates.STACK_FIELDS),
-                                (candidates.Query, resolve.Request, candidates.REQUEST_FIELDS)):
-        assert tuple(f.name for f in fields(typed)) == names
-        assert tuple(plain.__annotations__) == names
-        typed_types = {f.name: str(f.type) for f in fields(typed)}
-        for name, declared in plain.__annotations__.items():
-            # resolve narrows two strings to Literal aliases; everything else is identical.
-            wanted = typed_types[name].replace("Compat", "str").replace("Flavor", "str")
-            assert declared == wanted, name
+@pytest.mark.parametrize("argv", [
+    ("resolve", "--driver", "550", "--json"),
+    ("resolve", "--driver=550", "--torch=2.4", "--python", "3.11", "--cuda", "12.4"),
+    ("resolve", "--gpu", "RTX 4090", "--torch", ">=2.3,<2.6", "--explain"),
+])
+def test_a_warm_plain_resolve_starts_without_the_costly_imports(argv: tuple[str, ...],
+                                                               tmp_path: Path) -> None:
+    # Each of these costs a large part of the start-up budget (twice a bare interpreter).
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("ENVBUILD_NO_CACHE", None)
+    warm = ("import os, sys\n"
+            "from envbuild.resolver import index\n"
+            "index.RACY_NS = 0  # data just checked out may be younger than the racy window\n"
+            "from envbuild.__main__ import main\n"
+            "sys.exit(main(sys.argv[1:], os.environ))\n")
+    subprocess.run([sys.executable, "-c", warm, *argv], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                           "from envbuild.__main__ import run; run()", *argv],
+                          env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    costly = {"argparse", "dataclasses", "typing", "packaging.version", "packaging.specifiers",
+              "json.decoder", "pathlib", "envbuild.commands.cli"}
+    assert imported & costly == set()

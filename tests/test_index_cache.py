@@ -1,4 +1,4 @@
-"""The resolver's on-disk index (candidates.load_index): when it is trusted, when not."""
+"""The resolver's on-disk index (index.load_index): when it is trusted, when not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.data import matrix
-from envbuild.resolver import candidates
+from envbuild.resolver import index
 
 REPO_MATRICES = Path(__file__).resolve().parents[1] / "matrices"
 
@@ -38,19 +38,19 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def _cache_file(cache: Path, data: Path) -> Path:
-    return Path(candidates._cache_file(str(cache), os.path.realpath(data)))
+    return Path(index._cache_file(str(cache), os.path.realpath(data)))
 
 
-def _gpu_names(ix: candidates.Index) -> set[str]:
+def _gpu_names(ix: index.Index) -> set[str]:
     return {row["name"] for row in ix.rows("gpus")}
 
 
 def test_a_warm_load_reads_no_data_file(data: Path, tmp_path: Path, loads: list[Path],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(candidates, "RACY_NS", 0)
-    cold = candidates.load_index(str(data), str(tmp_path / "cache"))
+    monkeypatch.setattr(index, "RACY_NS", 0)
+    cold = index.load_index(str(data), str(tmp_path / "cache"))
     assert len(loads) == 1 and _cache_file(tmp_path / "cache", data).is_file()
-    warm = candidates.load_index(str(data), str(tmp_path / "cache"))
+    warm = index.load_index(str(data), str(tmp_path / "cache"))
     assert len(loads) == 1
     assert warm.rows("torch_variants") == cold.rows("torch_variants")
     assert [t.cuda for t in warm.toolkits] == [t.cuda for t in cold.toolkits]
@@ -58,11 +58,11 @@ def test_a_warm_load_reads_no_data_file(data: Path, tmp_path: Path, loads: list[
 
 def test_a_changed_data_file_is_read_again(data: Path, tmp_path: Path, loads: list[Path],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(candidates, "RACY_NS", 0)
-    candidates.load_index(str(data), str(tmp_path / "cache"))
+    monkeypatch.setattr(index, "RACY_NS", 0)
+    index.load_index(str(data), str(tmp_path / "cache"))
     gpus = data / "gpus.yaml"
     gpus.write_text(gpus.read_text().replace("name: NVIDIA A10\n", "name: NVIDIA A10X\n", 1))
-    ix = candidates.load_index(str(data), str(tmp_path / "cache"))
+    ix = index.load_index(str(data), str(tmp_path / "cache"))
     assert len(loads) == 2
     assert "NVIDIA A10X" in _gpu_names(ix)
 
@@ -71,32 +71,32 @@ def test_a_same_size_rewrite_in_one_timestamp_tick_is_not_missed(
         data: Path, tmp_path: Path, loads: list[Path]) -> None:
     # The copy was just written: its stat cannot vouch for the next same-size rewrite,
     # so no index is saved until the files have been still for RACY_NS.
-    candidates.load_index(str(data), str(tmp_path / "cache"))
+    index.load_index(str(data), str(tmp_path / "cache"))
     assert not _cache_file(tmp_path / "cache", data).exists()
     gpus = data / "gpus.yaml"
     before = gpus.stat()
     gpus.write_text(gpus.read_text().replace("name: NVIDIA A10\n", "name: NVIDIA Z10\n", 1))
     os.utime(gpus, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime as they were
-    ix = candidates.load_index(str(data), str(tmp_path / "cache"))
+    ix = index.load_index(str(data), str(tmp_path / "cache"))
     assert len(loads) == 2
     assert "NVIDIA Z10" in _gpu_names(ix)
 
 
 def test_a_damaged_index_is_rebuilt(data: Path, tmp_path: Path, loads: list[Path],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(candidates, "RACY_NS", 0)
-    candidates.load_index(str(data), str(tmp_path / "cache"))
+    monkeypatch.setattr(index, "RACY_NS", 0)
+    index.load_index(str(data), str(tmp_path / "cache"))
     saved = _cache_file(tmp_path / "cache", data)
     saved.write_bytes(saved.read_bytes()[:100])  # truncated, as by a full disk
-    candidates.load_index(str(data), str(tmp_path / "cache"))
+    index.load_index(str(data), str(tmp_path / "cache"))
     assert len(loads) == 2
-    assert marshal.loads(saved.read_bytes())["format"] == candidates.INDEX_FORMAT
+    assert marshal.loads(saved.read_bytes())["format"] == index.INDEX_FORMAT
 
 
 def test_an_unwritable_cache_directory_does_not_fail_a_resolve(
         data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(candidates, "RACY_NS", 0)
+    monkeypatch.setattr(index, "RACY_NS", 0)
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    ix = candidates.load_index(str(data), str(blocker / "cache"))
+    ix = index.load_index(str(data), str(blocker / "cache"))
     assert "NVIDIA A10" in _gpu_names(ix)

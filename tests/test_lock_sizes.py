@@ -20,7 +20,8 @@ from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
-from envbuild.resolver.resolve import Request, Stack, resolve
+from envbuild.resolver.model import Request, Stack
+from envbuild.resolver.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

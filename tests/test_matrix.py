@@ -12,7 +12,8 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix
 from envbuild.data.versions import parse_requirement
 from envbuild.errors import DataError
-from envbuild.resolver.resolve import Request, resolve
+from envbuild.resolver.model import Request
+from envbuild.resolver.resolve import resolve
 
 BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ from envbuild.fs import write_file
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render.output import write_output
-from envbuild.resolver.resolve import Request, Stack, resolve
+from envbuild.resolver.model import Request, Stack
+from envbuild.resolver.resolve import resolve
 
 GOLDEN = Path(__file__).parent / "golden"
 SHA = "0" * 64
@@ -299,5 +299,5 @@ def test_user_values_keep_instruction_list(matrix: matrixmod.Matrix, value: str,
 def test_stack_replace_keeps_structure(matrix: matrixmod.Matrix) -> None:
     stack = top(matrix, driver=d("550"))
     lock = render.lock_for(stack, matrix, render.RenderOptions())
-    again = render.lock_for(replace(stack), matrix, render.RenderOptions())
+    again = render.lock_for(stack.replace(), matrix, render.RenderOptions())
     assert lock == again

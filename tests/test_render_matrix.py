@@ -20,7 +20,8 @@ import pytest
 from envbuild.data import matrix as matrixmod
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
-from envbuild.resolver.resolve import Flavor, Request, Stack, resolve
+from envbuild.resolver.model import Flavor, Request, Stack
+from envbuild.resolver.resolve import resolve
 
 PY_URL = "https://mirror.example/cpython-install_only.tar.gz"  # a test value, not a real build
 SHA = "0" * 64

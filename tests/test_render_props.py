@@ -20,7 +20,8 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
 from envbuild.errors import UsageError
 from envbuild.render import docker as render
-from envbuild.resolver.resolve import Request, Stack, resolve
+from envbuild.resolver.model import Request, Stack
+from envbuild.resolver.resolve import resolve
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 # Characters no field but an env value may hold, and line breaks no field may hold at all.

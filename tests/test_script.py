@@ -26,7 +26,8 @@ from envbuild.errors import UsageError
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render import script
-from envbuild.resolver.resolve import Request, Stack, resolve
+from envbuild.resolver.model import Request, Stack
+from envbuild.resolver.resolve import resolve
 
 GOLDEN = Path(__file__).parent / "golden" / "script"
 SHA = "0" * 64
@@ -211,9 +212,9 @@ def test_facts_from_the_lock(matrix: matrixmod.Matrix) -> None:
 def test_forward_compat_and_unsupported_ubuntu_refused(matrix: matrixmod.Matrix) -> None:
     lock = case_lock("driver550-top", matrix)
     with pytest.raises(UsageError, match="forward compatibility"):
-        script.render_script(replace(lock, stack=replace(lock.stack, compat="forward")))
+        script.render_script(replace(lock, stack=lock.stack.replace(compat="forward")))
     with pytest.raises(UsageError, match=r"Ubuntu 26\.04") as info:
-        script.render_cloud_init(replace(lock, stack=replace(lock.stack, ubuntu="26.04")))
+        script.render_cloud_init(replace(lock, stack=lock.stack.replace(ubuntu="26.04")))
     assert info.value.exit_code == 2
 
 

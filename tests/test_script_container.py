@@ -28,7 +28,8 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
 from envbuild.render import lock as lockmod
 from envbuild.render import script
-from envbuild.resolver.resolve import Request, resolve
+from envbuild.resolver.model import Request
+from envbuild.resolver.resolve import resolve
 
 pytestmark = pytest.mark.docker
 
@@ -71,7 +72,7 @@ def rendered() -> dict[str, bytes]:
     m = matrixmod.load(matrixmod.default_directory({}))
     stack = resolve(Request(driver=DriverVersion.parse("550")), m).stacks[0]
     base = lockmod.make_lock(stack, m)
-    lock = replace(base, stack=replace(stack, python="3.11", torchvision=None, torchaudio=None),
+    lock = replace(base, stack=stack.replace(python="3.11", torchvision=None, torchaudio=None),
                    index_url=INDEX, python_provision="distro", python_standalone=None)
     lock = replace(lock, packages=lockmod.pins(lock.stack))
     lockmod.check_lock(lock)

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envbuild.data.versions import DriverVersion, cuda_tag, parse_requirement
 from envbuild.errors import UsageError
@@ -71,3 +76,107 @@ def test_requirement_rejects_anything_but_a_version(text: str) -> None:
 def test_cuda_tag() -> None:
     assert cuda_tag("12.4") == "cu124"
     assert cuda_tag("11.8.0") == "cu118"
+
+
+# --- the common specifier forms, judged without packaging: exactly SpecifierSet -------------
+
+SIMPLE = ["2.4", "3.11", "12.4", "2", "2.4.0", "2.4.1", "1.2.3.4", "02.4", "2.4.*", "2.0.*",
+          "2.3.1+cu121", "==2.4.1", "==2.4", "==2.4.*", "==2.0.*", "==02.4", "!=2.5", "!=2.4.*",
+          ">=2.3", ">2.4", "<2.6", "<=2.4", "<2.4.0", ">=2.3,<2.6", ">=2.3,<2.6,!=2.4.1",
+          ">=2.3.0,<=2.5", ">=12.4", "<3.12"]
+VERSIONS = ["0", "2", "2.0", "2.0.0", "2.3", "2.3.9", "2.4", "2.4.0", "2.4.0.0", "2.4.1",
+            "2.4.10", "2.40", "2.5", "2.5.0", "2.6", "2.6.0", "3", "3.11", "3.11.2", "3.12",
+            "12.4", "12.4.1", "12.6", "02.4", "2.04.1",
+            # not plain releases: these take packaging's road, and must agree all the same
+            "2.4rc1", "2.4.0rc1", "2.6.0rc1", "2.6.0a1", "2.4.post1", "2.4.1.post2", "2.4.dev0",
+            "2.5.dev3", "2.4.1+cu121", "2.4+local", "1!2.4", "v2.4", "2.4.1-1", "2.4.1_post"]
+
+
+def _packaging_admits(spec: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    return SpecifierSet(spec).contains(Version(version), prereleases=True)
+
+
+def _bare_spec(text: str) -> tuple[str, str | None]:
+    """The specifier a bare version names, as packaging derives it."""
+    from packaging.version import Version
+
+    version = Version(text.removesuffix(".*"))
+    wildcard = ".*" if len(version.release) < 3 else ""
+    return f"=={version.public}{wildcard}", version.local
+
+
+@pytest.mark.parametrize("text", SIMPLE)
+def test_simple_forms_match_as_specifierset_does(text: str) -> None:
+    req = parse_requirement("torch", text)
+    assert req._clauses is not None, "a simple form must not need packaging"
+    if text[0].isdigit():
+        assert (req.spec, req.local) == _bare_spec(text)
+    for version in VERSIONS:
+        expected = _packaging_admits(req.spec, version)
+        assert req.admits(version) is expected, version
+        from packaging.version import Version
+
+        assert req.admits(Version(version)) is expected, version
+
+
+@pytest.mark.parametrize("text", ["~=2.3.0", "===2.4", ">=2.3rc1", "==2.4.1+cu121", ">=1!2.0",
+                                  ">=2.3,", "2.4.0rc1", "2.4.1.post2", "2.4.1+CU121", ">=2.3,~=2.4",
+                                  "2.4rc1", "2.4.post1"])
+def test_other_forms_go_to_packaging(text: str) -> None:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    spec = _bare_spec(text)[0] if text[0].isdigit() else text
+    try:
+        SpecifierSet(spec)
+    except InvalidSpecifier:
+        # An operator form packaging refuses is a usage error; a two-component
+        # pre/post-release ("2.4rc1") makes a series packaging refuses, and that fails
+        # in parse_requirement as it always has.
+        with pytest.raises(InvalidSpecifier if text[0].isdigit() else UsageError):
+            parse_requirement("torch", text)
+        return
+    req = parse_requirement("torch", text)
+    assert req.spec == spec
+    for version in VERSIONS:
+        assert req.admits(version) is _packaging_admits(spec, version), version
+
+
+_releases = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(
+    lambda parts: ".".join(map(str, parts)))
+_clause = st.tuples(st.sampled_from(["==", "!=", "<=", ">=", "<", ">", "==*", "!=*"]), _releases)
+_suffix = st.sampled_from(["", "", "", "rc1", "a2", ".post1", ".dev0", "+cu121", ".post1+x"])
+
+
+@given(clauses=st.lists(_clause, min_size=1, max_size=3), version=_releases, suffix=_suffix)
+@settings(max_examples=600, deadline=None)
+def test_clauses_agree_with_specifierset(clauses: list[tuple[str, str]], version: str,
+                                         suffix: str) -> None:
+    spec = ",".join(f"{op[:2]}{release}{'.*' if op.endswith('*') else ''}"
+                    for op, release in clauses)
+    req = parse_requirement("torch", spec)
+    assert req._clauses is not None
+    assert req.admits(version + suffix) is _packaging_admits(spec, version + suffix)
+
+
+@given(release=_releases, wildcard=st.booleans(), version=_releases, suffix=_suffix)
+@settings(max_examples=300, deadline=None)
+def test_bare_versions_agree_with_specifierset(release: str, wildcard: bool, version: str,
+                                               suffix: str) -> None:
+    text = release + (".*" if wildcard else "")
+    req = parse_requirement("cuda", text)
+    assert (req.spec, req.local) == _bare_spec(text)
+    assert req.admits(version + suffix) is _packaging_admits(req.spec, version + suffix)
+
+
+def test_simple_forms_never_import_packaging_specifiers() -> None:
+    code = ("import sys\n"
+            "from envbuild.data.versions import parse_requirement\n"
+            "for text in ('2.4', '3.11', '12.4', '==2.4.1', '>=2.3', '>=2.3,<2.6', '2.4.*'):\n"
+            "    parse_requirement('torch', text).admits('2.4.1')\n"
+            "assert 'packaging.specifiers' not in sys.modules, 'specifiers imported'\n"
+            "assert 'packaging.version' not in sys.modules, 'version imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

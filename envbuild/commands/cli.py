@@ -119,22 +119,15 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
 
 
 def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
-    from envbuild.resolver import report
-    from envbuild.resolver.resolve import explain_failure, resolve
-    from envbuild.resolver.selection import Selectors, build_request
+    from envbuild.resolver.answer import answer
+    from envbuild.resolver.selection import Selectors
 
-    matrix = load_matrix(args, env)
-    request = build_request(Selectors.of(args), matrix, env)
-    resolution = resolve(request, matrix)
-    if not resolution.stacks:
-        failure = explain_failure(request, matrix, resolution)
-        if args.json:
-            out(json.dumps(report.failure_json(failure, resolution), indent=2))
+    text, failure = answer(Selectors.of(args), matrices=args.matrices, env=env, top=args.top,
+                           as_json=args.json, explain=args.explain)
+    if text is not None:
+        out(text)
+    if failure is not None:
         raise failure
-    if args.json:
-        out(json.dumps(report.resolution_json(request, resolution, top=args.top), indent=2))
-    else:
-        out(report.resolution_text(request, resolution, top=args.top, explain=args.explain))
     return 0
 
 

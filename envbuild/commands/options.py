@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.render.docker import RenderOptions
     from envbuild.render.lock import Lock
-    from envbuild.resolver.resolve import Request, Resolution
+    from envbuild.resolver.model import Request, Resolution
 
 # A command's printer for its results (standard output; see cli._print).
 Out = Callable[[str], None]
@@ -142,7 +142,8 @@ def reject_image_options(args: argparse.Namespace, *, kind: str) -> None:
 def resolve_stacks(args: argparse.Namespace, env: Mapping[str, str],
                    matrix: Matrix) -> tuple[Request, Resolution]:
     """The request the selectors make and its resolution; no stack is NoCompatibleStack."""
-    from envbuild.resolver.resolve import explain_failure, resolve
+    from envbuild.resolver.explain import explain_failure
+    from envbuild.resolver.resolve import resolve
     from envbuild.resolver.selection import Selectors, build_request
 
     request = build_request(Selectors.of(args), matrix, env)

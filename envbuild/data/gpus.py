@@ -90,9 +90,9 @@ def _fold(name: str) -> str:
 
 def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     """Look a GPU up by name or alias, forgiving case, spaces and vendor words."""
-    from envbuild.errors import UsageError
-
     if _pattern("name").fullmatch(name) is None:
+        from envbuild.errors import UsageError  # errors imports typing: only on the error path
+
         raise UsageError(f"invalid GPU name {name!r}",
                          hint="letters, digits, spaces and . _ - ( ) / only")
     by_key: dict[str, Mapping[str, Any]] = {}
@@ -102,6 +102,8 @@ def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
     found = by_key.get(_fold(name))
     if found is None:
         import difflib
+
+        from envbuild.errors import UsageError
 
         close = difflib.get_close_matches(_fold(name), list(by_key), n=3, cutoff=0.6)
         names = list(dict.fromkeys(by_key[c]["name"] for c in close))  # closest first

@@ -6,11 +6,12 @@ means. Component specifiers (``--torch``, ``--cuda`` …) become ``SpecifierSet`
 bare version like ``2.3`` means "any 2.3.x", and the resolver always pins one exact
 release, so no wildcard reaches an output.
 
-This module is on ``envbuild resolve``'s start-up path (issue 2: resolve within 2x a bare
-interpreter), so it imports nothing at load: no ``re``, no ``dataclasses`` (whose
-``inspect`` import alone costs more than a resolve), and ``packaging`` only when a
-specifier is given. The two value classes are therefore written out by hand, with the
-frozen-dataclass behaviour they replace: keyword construction, equality, hashing, repr.
+This module is on ``envbuild resolve``'s start-up path (within 2x a bare interpreter's
+start-up), so it imports nothing at load: no ``re``, no ``dataclasses`` (whose
+``inspect`` import alone costs more than a resolve), and ``packaging`` only for the
+specifier forms ``Requirement`` does not judge itself. The two value classes are
+therefore written out by hand, with the frozen-dataclass behaviour they replace:
+keyword construction, equality, hashing, repr.
 """
 
 from __future__ import annotations
@@ -142,26 +143,44 @@ class Requirement:
     """A user's constraint on one component: a specifier plus an optional local tag.
 
     ``--torch 2.3.1+cu121`` keeps ``cu121`` aside as a variant request, since local
-    versions cannot carry meaning inside a ``SpecifierSet``.
+    versions cannot carry meaning inside a ``SpecifierSet``. ``spec`` is the specifier
+    set's text; ``admits`` judges the common forms itself (see ``_simple_clauses``) and
+    hands anything else to ``packaging``.
     """
 
-    __slots__ = ("kind", "local", "specifier", "text")
+    __slots__ = ("_clauses", "_specifier", "_verdicts", "kind", "local", "spec", "text")
     kind: str
     text: str
-    specifier: SpecifierSet
+    spec: str
     local: str | None
+    _clauses: tuple[_Clause, ...] | None
+    _specifier: SpecifierSet | None
+    _verdicts: dict[str, bool]  # admits' answers so far: a cache, not part of the value
 
-    def __init__(self, *, kind: str, text: str, specifier: SpecifierSet, local: str | None = None) -> None:
+    def __init__(self, *, kind: str, text: str, spec: str, local: str | None = None,
+                 specifier: SpecifierSet | None = None) -> None:
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "text", text)
-        object.__setattr__(self, "specifier", specifier)
+        object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "local", local)
+        object.__setattr__(self, "_clauses", _simple_clauses(spec))
+        object.__setattr__(self, "_specifier", specifier)  # built when first needed
+        object.__setattr__(self, "_verdicts", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")
 
+    @property
+    def specifier(self) -> SpecifierSet:
+        if self._specifier is None:
+            from packaging.specifiers import SpecifierSet
+
+            object.__setattr__(self, "_specifier", SpecifierSet(self.spec))
+        assert self._specifier is not None
+        return self._specifier
+
     def _key(self) -> tuple[object, ...]:
-        return (self.kind, self.text, self.specifier, self.local)
+        return (self.kind, self.text, self.spec, self.local)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Requirement):
@@ -173,9 +192,20 @@ class Requirement:
 
     def __repr__(self) -> str:
         return (f"Requirement(kind={self.kind!r}, text={self.text!r}, "
-                f"specifier={self.specifier!r}, local={self.local!r})")
+                f"spec={self.spec!r}, local={self.local!r})")
 
     def admits(self, version: Version | str) -> bool:
+        """``SpecifierSet(spec).contains(version, prereleases=True)``."""
+        if self._clauses is not None and isinstance(version, str):
+            # A resolve asks about the same few version texts hundreds of times.
+            found = self._verdicts.get(version)
+            if found is not None:
+                return found
+            release = _plain_release(version)
+            if release is not None:
+                found = self._verdicts[version] = all(_holds(clause, release)
+                                                      for clause in self._clauses)
+                return found
         from packaging.version import Version
 
         value = version if isinstance(version, Version) else Version(version)
@@ -185,40 +215,116 @@ class Requirement:
         return self.text
 
 
+# --- the common specifier forms without packaging ----------------------------------------
+# ``import packaging.specifiers`` costs more than a whole ``envbuild resolve`` may, so the
+# forms users type (2.4, ==2.4.1, >=2.3, >=2.3,<2.6, 2.4.*, !=2.5) are judged here, for
+# versions that are plain releases (digits and dots: everything in the data). For those,
+# packaging's rules reduce to comparing release tuples: ordering ignores trailing zeros
+# (2.4 == 2.4.0); a prefix match pads the version with zeros and compares the first
+# components; the pre-release, post-release and local exceptions of < and > cannot apply.
+# tests/test_versions.py holds this to SpecifierSet on many versions, odd ones included.
+
+_Clause = tuple[str, tuple[int, ...], bool]  # operator, release, prefix match (".*")
+_OPERATORS = ("==", "!=", "<=", ">=", "<", ">")  # two-character ones first
+
+
+def _plain_release(text: str) -> tuple[int, ...] | None:
+    parts = text.split(".")
+    if all(part.isascii() and part.isdigit() for part in parts):
+        return tuple(int(part) for part in parts)
+    return None
+
+
+def _simple_clauses(spec: str) -> tuple[_Clause, ...] | None:
+    """``spec``'s clauses when every one is a simple form, else None (packaging's job)."""
+    clauses = []
+    for item in spec.split(","):
+        operator = next((op for op in _OPERATORS if item.startswith(op)), None)
+        if operator is None:
+            return None
+        text = item[len(operator):]
+        prefix = operator in ("==", "!=") and text.endswith(".*")
+        release = _plain_release(text[:-2] if prefix else text)
+        if release is None:  # "===", "~=", pre-releases, locals, epochs, spaces, ...
+            return None
+        clauses.append((operator, release, prefix))
+    return tuple(clauses)
+
+
+def _stripped(release: tuple[int, ...]) -> tuple[int, ...]:
+    end = len(release)
+    while end > 1 and release[end - 1] == 0:
+        end -= 1
+    return release[:end]
+
+
+def _holds(clause: _Clause, release: tuple[int, ...]) -> bool:
+    operator, wanted, prefix = clause
+    if prefix:
+        padded = release + (0,) * (len(wanted) - len(release))
+        return (padded[: len(wanted)] == wanted) is (operator == "==")
+    mine, theirs = _stripped(release), _stripped(wanted)
+    if operator == "==":
+        return mine == theirs
+    if operator == "!=":
+        return mine != theirs
+    if operator == "<=":
+        return mine <= theirs
+    if operator == ">=":
+        return mine >= theirs
+    if operator == "<":
+        return mine < theirs
+    return mine > theirs
+
+
 def parse_requirement(kind: str, text: str) -> Requirement:
     """``2.3`` → any 2.3.x; ``2.3.1`` → exactly that; ``>=2.3,<2.5`` as given."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
     _reject_odd_characters(kind, text)
     if text[0].isdigit():
         return _bare_version_requirement(kind, text)
+    if _simple_clauses(text) is not None:  # valid as it is: packaging need not check it
+        return Requirement(kind=kind, text=text, spec=text)
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         spec = SpecifierSet(text)
     except InvalidSpecifier:
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
     if any(s.version.endswith(".*") and s.operator not in ("==", "!=") for s in spec):
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
-    return Requirement(kind=kind, text=text, specifier=spec)
+    return Requirement(kind=kind, text=text, spec=text, specifier=spec)
 
 
 def _bare_version_requirement(kind: str, text: str) -> Requirement:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     if text.endswith(".*"):  # "2.3.*" is the same series as "2.3"
         text = text[:-2]
         if "*" in text:
             raise _usage(f"invalid {kind} version {text + '.*'!r}", _VERSION_HINT)
+    public, plus, local = text.partition("+")
+    release = _plain_release(public)
+    if release is not None and (not plus or (local.isascii() and local.isalnum()
+                                             and local == local.lower())):
+        public = ".".join(map(str, release))  # as packaging writes it: no leading zeros
+        return _series_or_release(kind, text, public, len(release), local or None)
+    from packaging.version import InvalidVersion, Version
+
     try:
         version = Version(text)
     except InvalidVersion:
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
     if version.local is not None and text.count("+") != 1:
         raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
-    public = version.public
+    requirement = _series_or_release(kind, text, version.public, len(version.release),
+                                     version.local)
+    requirement.specifier  # noqa: B018 - built now: a series packaging refuses fails here, as ever
+    return requirement
+
+
+def _series_or_release(kind: str, text: str, public: str, components: int,
+                       local: str | None) -> Requirement:
     # "2.3" (or Python "3.11") names a series; three components name one release.
-    spec = SpecifierSet(f"=={public}.*" if len(version.release) < 3 else f"=={public}")
-    return Requirement(kind=kind, text=text, specifier=spec, local=version.local)
+    spec = f"=={public}.*" if components < 3 else f"=={public}"
+    return Requirement(kind=kind, text=text, spec=spec, local=local)
 
 
 def _reject_odd_characters(kind: str, text: str) -> None:

@@ -19,7 +19,7 @@ from envbuild.render.lock import Lock, check_image_reference, distro_python
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
-    from envbuild.resolver.resolve import Stack
+    from envbuild.resolver.model import Stack
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 _RUNNER_LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)

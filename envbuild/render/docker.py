@@ -30,7 +30,7 @@ from envbuild.render.lock import (
     make_lock,
 )
 from envbuild.render.templates import environment, major_minor
-from envbuild.resolver.resolve import Stack
+from envbuild.resolver.model import Stack
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
 PEAKS_NAME = "smoke_peaks.json"

@@ -8,7 +8,7 @@ hand-edited lock cannot inject an instruction either.
 
 Format (schema 1, JSON object, keys sorted):
   schema            1
-  stack             the resolver's Stack fields (see ``envbuild.resolve.Stack``)
+  stack             the resolver's Stack fields (see ``envbuild.resolver.model.Stack``)
   packages          exact pins: {"torch": "2.4.1+cu121", "torchvision": ..., "torchaudio": ...};
                     with the package index's default wheel also its nvidia-* Requires-Dist pins
                     for the stack's Python ({"nvidia-cudnn-cu12": "9.1.0.70", ...})
@@ -35,13 +35,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
-from envbuild.resolver.resolve import PYTORCH_INDEX, Stack
+from envbuild.resolver.model import PYTORCH_INDEX, Stack
 
 SCHEMA = 1
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
@@ -361,7 +361,7 @@ def from_json(text: str) -> Lock:
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
     raw = data["stack"]
-    names = {f.name for f in fields(Stack)}
+    names = set(Stack.fields())
     if not isinstance(raw, dict) or set(raw) != names:
         raise UsageError("lock 'stack' has missing or unknown fields")
     stack = Stack(**{**raw, "arch_list": tuple(_strings(raw["arch_list"])),

@@ -1,31 +1,22 @@
-"""Human and JSON views of a resolution. Pure: strings and dicts out, nothing printed.
-
-Views serve both the typed ``resolve.Resolution`` and the CLI fast path's plain
-``candidates.Outcome`` (same fields); at run time this module imports only the core.
-"""
+"""Human and JSON views of a resolution. Pure: strings and dicts out, nothing printed."""
 
 from __future__ import annotations
 
-from envbuild.resolver.candidates import group_rejections
+from envbuild.resolver.model import group_rejections
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any, TypeAlias
+    from typing import Any
 
     from envbuild.errors import NoCompatibleStack
-    from envbuild.resolver.candidates import Outcome, Pinned, Query
-    from envbuild.resolver.resolve import Request, Resolution, Stack
-
-    Resolution_: TypeAlias = "Resolution | Outcome"
-    Request_: TypeAlias = "Request | Query"
-    Stack_: TypeAlias = "Stack | Pinned"
+    from envbuild.resolver.model import Request, Resolution, Stack
 
 JSON_SCHEMA = "envbuild.resolve/1"
 COMPAT_SHORT = {"native": "native", "minor-version": "minor", "forward": "forward", None: "-"}
 
 
-def resolution_json(request: Request_, resolution: Resolution_, *, top: int) -> dict[str, Any]:
+def resolution_json(request: Request, resolution: Resolution, *, top: int) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "driver": resolution.driver.to_json() if resolution.driver else None,
@@ -36,7 +27,7 @@ def resolution_json(request: Request_, resolution: Resolution_, *, top: int) -> 
     }
 
 
-def failure_json(failure: NoCompatibleStack, resolution: Resolution_) -> dict[str, Any]:
+def failure_json(failure: NoCompatibleStack, resolution: Resolution) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "error": failure.message,
@@ -52,7 +43,7 @@ def _gpu_json(gpu: Any) -> dict[str, Any]:
             "datacenter": gpu.datacenter}
 
 
-def resolution_text(request: Request_, resolution: Resolution_, *, top: int, explain: bool) -> str:
+def resolution_text(request: Request, resolution: Resolution, *, top: int, explain: bool) -> str:
     lines = list(header_lines(request, resolution))
     lines.append("")
     lines.extend(stack_table(resolution.stacks[:top]))
@@ -70,7 +61,7 @@ def resolution_text(request: Request_, resolution: Resolution_, *, top: int, exp
     return "\n".join(lines)
 
 
-def header_lines(request: Request_, resolution: Resolution_) -> Iterable[str]:
+def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
     summary = resolution.driver
     if summary is None:
         yield ("No driver given (--driver or --host): no driver constraint; each stack's "
@@ -105,7 +96,7 @@ COLUMNS = ("#", "torch", "variant", "cuda", "cudnn", "python", "ubuntu", "compat
            "base image")
 
 
-def stack_table(stacks: Sequence[Stack_]) -> list[str]:
+def stack_table(stacks: Sequence[Stack]) -> list[str]:
     rows = [COLUMNS] + [
         (str(i), s.torch, s.variant, s.cuda or "-", s.cudnn or "-", s.python, s.ubuntu,
          COMPAT_SHORT[s.compat], s.min_driver or "-", s.base_image)
@@ -119,7 +110,7 @@ def format_table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def rejection_lines(resolution: Resolution_) -> Iterable[str]:
+def rejection_lines(resolution: Resolution) -> Iterable[str]:
     yield "Rejected families, by the constraint that failed:"
     for constraint, items in group_rejections(resolution.rejected).items():
         yield f"[{constraint}] {len(items)} families"
@@ -144,9 +135,10 @@ def _cell(value: Any) -> str:
 
 
 # --- JSON text without the json module ------------------------------------------------
-# ``import json`` imports ``re`` (its decoder's patterns): a third of the time issue 2
-# allows a resolve. This writes what ``json.dumps(body, indent=2)`` writes, for the
-# types a report holds, and hands anything else to json itself.
+# ``import json`` imports ``re`` (its decoder's patterns): a third of the time a resolve
+# may take (twice a bare interpreter's start-up). This writes what
+# ``json.dumps(body, indent=2)`` writes, for the types a report holds, and hands anything
+# else to json itself.
 
 
 def json_text(body: Any) -> str:

@@ -1,13 +1,13 @@
-"""Turn the shared stack selectors (plain values the commands layer parsed) into a ``Request``.
+"""Turn the stack selectors (the user's strings, as a command parsed them) into a ``Request``.
 
 Every user string is validated here, before anything is resolved or written. On
-``envbuild resolve``'s start-up path (issue 2): no ``re``, no ``argparse`` import, and
-``Request`` (a dataclass) only when the typed API is asked for.
+``envbuild resolve``'s start-up path: no ``re`` and no ``argparse`` import.
 """
 
 from __future__ import annotations
 
 from envbuild.data.versions import DriverVersion, Requirement, parse_requirement
+from envbuild.resolver.model import Request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from envbuild.data.gpus import GpuTarget
-    from envbuild.resolver.candidates import Query
-    from envbuild.resolver.resolve import Request
+    from envbuild.resolver.model import Flavor
 
     class HasRows(Protocol):
         """A Matrix, or the resolver's index of one."""
@@ -45,13 +44,13 @@ class Selectors:
     cudnn: str | None
     ubuntu: str | None
     variant: str | None
-    flavor: str
+    flavor: Flavor  # runtime or devel: the CLI's choices
     index_url: str | None
 
     def __init__(self, *, driver: str | None = None, host: bool = False, gpu: Sequence[str] = (),
                  arch: Sequence[str] = (), datacenter: bool = False, torch: str | None = None,
                  python: str | None = None, cuda: str | None = None, cudnn: str | None = None,
-                 ubuntu: str | None = None, variant: str | None = None, flavor: str = "runtime",
+                 ubuntu: str | None = None, variant: str | None = None, flavor: Flavor = "runtime",
                  index_url: str | None = None) -> None:
         self.driver, self.host, self.gpu, self.arch = driver, host, tuple(gpu), tuple(arch)
         self.datacenter, self.torch, self.python, self.cuda = datacenter, torch, python, cuda
@@ -65,15 +64,7 @@ class Selectors:
 
 
 def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Request:
-    from envbuild.resolver.resolve import Request
-
-    return Request(**build_query(args, matrix, env).fields())
-
-
-def build_query(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Query:
-    """``build_request``'s work, as the plain value the CLI's fast path resolves."""
-    from envbuild.resolver.candidates import Query
-
+    """The request ``args`` make, validated (``matrix``: a Matrix or the resolver's index)."""
     driver = DriverVersion.parse(args.driver) if args.driver else None
     if driver is not None:
         check_known_branch(driver, matrix)
@@ -91,7 +82,7 @@ def build_query(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Que
         gpus += host_gpus
     if args.datacenter:
         gpus = [_as_datacenter(g) for g in gpus]
-    return Query(
+    return Request(
         driver=driver,
         gpus=tuple(gpus),
         torch=parse_requirement("torch", args.torch) if args.torch is not None else None,
@@ -152,9 +143,7 @@ def _python_requirement(text: str | None) -> Requirement | None:
         return None
     if text.startswith("3.") and text.endswith("t") and _decimal(text[2:-1], 1, 2):
         # A free-threaded build ("3.13t"), matched by its name.
-        from packaging.specifiers import SpecifierSet
-
-        return Requirement(kind="python", text=text, specifier=SpecifierSet(f"=={text[:-1]}.*"))
+        return Requirement(kind="python", text=text, spec=f"=={text[:-1]}.*")
     return parse_requirement("python", text)
 
 
@@ -175,3 +164,4 @@ def _variant(text: str | None) -> str | None:
         raise UsageError(f"invalid wheel variant {text!r}",
                          hint="write it as cu124, cpu or default")
     return text
+

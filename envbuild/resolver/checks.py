@@ -1,0 +1,227 @@
+"""The checks that turn one candidate family into a pinned ``Stack`` or a ``Rejection``.
+
+THE CHECK ORDER (``evaluate``); the first check that fails is the family's rejection:
+1. host-level conflicts (``global_conflicts``: a GPU outside the driver's branch range, a
+   variant that no release has) reject every family alike, before any family check;
+2. the user's own constraints (``check_user_constraints``), in this order: --torch
+   (release, then its +variant tag), --variant, the CPU wheel unless asked for, --cuda,
+   --cudnn, --python;
+3. GPU architecture (``check_gpus``): every GPU named is in the wheel's arch list;
+4. driver (``runtime.driver_verdict``): native, minor-version or forward compatibility;
+5. base image (``choose_base``): an Ubuntu whose glibc the wheel accepts, with an
+   nvidia/cuda image of the flavour, else (runtime flavour) plain Ubuntu.
+A family that passes every check becomes one ``Stack`` (``build_stack``). User filters
+come first so that a rejection says what the user can change; the facts come after.
+"""
+
+from __future__ import annotations
+
+from envbuild.resolver.model import Rejection, Stack
+from envbuild.resolver.runtime import driver_verdict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from envbuild.data.gpus import GpuTarget
+    from envbuild.resolver.families import Family
+    from envbuild.resolver.index import Index
+    from envbuild.resolver.model import Request
+    from envbuild.resolver.runtime import Runtime
+
+
+def check_user_constraints(family: Family, ask: Request, ix: Index) -> Rejection | None:
+    row = family.row
+
+    def reject(constraint: str, reason: str) -> Rejection:
+        return Rejection(family=family.label, constraint=constraint, reason=reason,
+                         source=row["source"])
+
+    if ask.torch and not ask.torch.admits(row["torch"]):
+        return reject("torch", f"torch {row['torch']} does not match --torch {ask.torch}")
+    if ask.torch and ask.torch.local and ask.torch.local != row["variant"]:
+        return reject("torch", f"variant {row['variant']} is not +{ask.torch.local}")
+    if ask.variant not in (None, "default") and ask.variant != row["variant"]:
+        return reject("variant", f"variant {row['variant']} is not --variant {ask.variant}")
+    if ask.variant is None and row["variant"] == "cpu":
+        return reject("variant", "CPU-only wheel (ask with --variant cpu)")
+    cuda = ask.cuda
+    if cuda and (row["cuda"] is None or not any(
+            cuda.admits(t.cuda) for t in ix.releases_of(row["cuda"]))):
+        return reject("cuda", f"CUDA {row['cuda'] or 'none (CPU wheel)'} does not match "
+                              f"--cuda {cuda}")
+    cudnn = family.pins.get("cudnn")
+    if ask.cudnn and (cudnn is None or not ask.cudnn.admits(cudnn)):
+        return reject("cudnn", f"bundled cuDNN {cudnn or 'unknown'} does not match "
+                               f"--cudnn {ask.cudnn}")
+    if not pythons(family, ask, ix):
+        wanted = f" (--python {ask.python})" if ask.python else ""
+        return reject("python", f"no wheel for the Python asked for{wanted}; "
+                                f"torch {row['torch']} has wheels for Python "
+                                f"{', '.join(family.python)}")
+    return None
+
+
+def pythons(family: Family, ask: Request, ix: Index) -> list[str]:
+    """Admissible Pythons, newest first; free-threaded builds only when asked for."""
+    asked = ask.python
+    if asked is not None and asked.text.endswith("t"):
+        return [py for py in family.python if py == asked.text]
+    if asked is None:
+        return ix.pythons_newest_first(family.python)
+    return [py for py in ix.pythons_newest_first(family.python) if asked.admits(py)]
+
+
+def check_gpus(family: Family, ask: Request, ix: Index) -> Rejection | None:
+    row = family.row
+    if row["cuda"] is None or not ask.gpus:
+        return None
+    arch_list = row.get("arch_list")
+    if not arch_list:
+        return Rejection(family=family.label, constraint="gpu-arch", source=row["source"],
+                         reason="its arch list is not recorded, so GPU support cannot be checked")
+    from envbuild.data.gpus import coverage_of  # only with GPUs: a module fewer at start-up
+
+    entries = ix.arch(arch_list)
+    for gpu in ask.gpus:
+        if coverage_of(gpu.compute_capability, entries) is None:
+            instead = _variants_covering(gpu, row["torch"], ix)
+            hint = f"; use variant {', '.join(instead)}" if instead else ""
+            return Rejection(
+                family=family.label, constraint="gpu-arch", source=row["source"],
+                reason=f"{gpu.sm} ({gpu.label}) not in its arch list [{', '.join(arch_list)}]{hint}",
+            )
+    return None
+
+
+def _variants_covering(gpu: GpuTarget, torch: str, ix: Index) -> list[str]:
+    from envbuild.data.gpus import coverage_of
+
+    return [r["variant"] for r in ix.rows("torch_variants")
+            if r["torch"] == torch and r["cuda"] and r.get("arch_list")
+            and coverage_of(gpu.compute_capability, ix.arch(r["arch_list"])) is not None]
+
+
+def choose_base(family: Family, runtime: Runtime | None, ask: Request,
+                ix: Index) -> tuple[str, str, str | None] | Rejection:
+    """(ubuntu, base image, base CUDA release): an nvidia/cuda image for the newest Ubuntu
+    that has one, else (runtime flavour) plain Ubuntu, since the wheels carry CUDA's
+    libraries and the rendered image sets the NVIDIA_* variables itself."""
+    ubuntus = [u for u in ix.ubuntus if ask.ubuntu in (None, u)]
+    too_old = ix.too_old(family.row["torch"])
+    usable = [u for u in ubuntus if u not in too_old]
+    if not usable:
+        where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu in ubuntu_python.yaml"
+        why = f" (its glibc is older than the wheel's {family.pins.get('platform_tag')})" \
+            if ubuntus else ""
+        return Rejection(family=family.label, constraint="ubuntu", source=None,
+                         reason=f"no base for {where}{why}")
+    if runtime is None:  # CPU wheel
+        return usable[0], f"ubuntu:{usable[0]}", None
+    flavor = "base" if ask.flavor == "runtime" else "devel"
+    for release in runtime.base_releases:
+        for ubuntu in usable:
+            flavors = ix.images.get((release, ubuntu))
+            if flavors is not None and flavor in flavors:
+                return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
+    if ask.flavor == "runtime":
+        built_for = {u for (cuda, u) in ix.images if cuda.startswith(f"{family.row['cuda']}.")}
+        ubuntu = next((u for u in usable if u in built_for), usable[0])
+        return ubuntu, f"ubuntu:{ubuntu}", None
+    where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu"
+    return Rejection(family=family.label, constraint="ubuntu", source=None,
+                     reason=f"no nvidia/cuda {family.row['cuda']} devel image "
+                            f"for {where} in cuda_images.yaml")
+
+
+def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None],
+                ask: Request, ix: Index) -> Stack:
+    row = family.row
+    ubuntu, image, base_cuda = base
+    distro = ix.ubuntu_rows.get(ubuntu, {}).get("python")
+    candidates = pythons(family, ask, ix)
+    python = distro if distro in candidates and ask.python is None else candidates[0]
+    companions = ix.companions.get(row["torch"], {})
+    notes = []
+    if runtime and runtime.compat == "minor-version":
+        notes.append(f"runs CUDA {row['cuda']} through minor-version compatibility: "
+                     f"no PTX JIT of newer PTX; features needing a newer driver fail")
+    if runtime and runtime.compat == "forward":
+        notes.append("needs the cuda-compat package (forward compatibility, datacenter GPUs only)")
+    if runtime and base_cuda is None:
+        notes.append("plain Ubuntu base: no nvidia/cuda base image is recorded for this CUDA "
+                     "release; the wheels carry the CUDA libraries")
+    if not row.get("arch_list") and row["cuda"]:
+        notes.append("arch list not recorded: GPU support of this wheel is unverified")
+    return Stack(
+        torch=row["torch"],
+        torchvision=companions.get("torchvision"),
+        torchaudio=companions.get("torchaudio"),
+        variant=family.variant,
+        index_url=family.index_url,
+        cuda=family.pins.get("cuda_runtime", row["cuda"]),
+        cudnn=family.pins.get("cudnn"),
+        nccl=family.pins.get("nccl"),
+        python=python,
+        ubuntu=ubuntu,
+        base_image=image,
+        base_cuda=base_cuda,
+        compat=runtime.compat if runtime else None,
+        min_driver=runtime.min_driver.full() if runtime else None,
+        flavor=ask.flavor,
+        arch_list=tuple(row.get("arch_list", ())),
+        notes=tuple(notes),
+    )
+
+
+def evaluate(family: Family, ask: Request, ix: Index,
+             verdicts: dict[Any, Runtime | Rejection]) -> Stack | Rejection:
+    """Run the checks in order; the first failure is the family's rejection.
+
+    ``verdicts``: driver verdicts already reached for this request (see ``driver_verdict``)."""
+    rejection = (check_user_constraints(family, ask, ix)
+                 or check_gpus(family, ask, ix))
+    if rejection:
+        return rejection
+    runtime: Runtime | None = None
+    if family.row["cuda"] is not None:
+        checked = driver_verdict(family, ask, ix, verdicts)
+        if isinstance(checked, Rejection):
+            return checked
+        runtime = checked
+    base = choose_base(family, runtime, ask, ix)
+    if isinstance(base, Rejection):
+        return base
+    return build_stack(family, runtime, base, ask, ix)
+
+
+def global_conflicts(ask: Request, ix: Index) -> list[Rejection]:
+    found = _unknown_variant(ask, ix)
+    for gpu in ask.gpus:
+        driver = ask.driver
+        if driver and gpu.min_driver_branch and driver.branch < gpu.min_driver_branch:
+            found.append(Rejection(
+                family="host", constraint="gpu-driver", source=gpu.source,
+                reason=f"{gpu.label} needs driver branch >= {gpu.min_driver_branch} (host: {driver})"))
+        if driver and gpu.last_driver_branch and driver.branch > gpu.last_driver_branch:
+            found.append(Rejection(
+                family="host", constraint="gpu-driver", source=gpu.source,
+                reason=f"{gpu.label} is supported only up to driver branch "
+                       f"{gpu.last_driver_branch} (host: {driver})"))
+    return found
+
+
+def _unknown_variant(ask: Request, ix: Index) -> list[Rejection]:
+    """``--torch 2.3.1+cu999`` / ``--variant cu999``: name the variants that do exist."""
+    torch = ask.torch
+    wanted = torch.local if torch and torch.local else ask.variant
+    if wanted in (None, "default"):
+        return []
+    rows = [r for r in ix.rows("torch_variants") if torch is None or torch.admits(r["torch"])]
+    if any(r["variant"] == wanted for r in rows):
+        return []
+    available = sorted({r["variant"] for r in rows})
+    which = f"torch {torch.text.split('+')[0]}" if torch else "any torch release"
+    return [Rejection(family="request", constraint="variant", source=None,
+                      reason=f"no wheel variant {wanted} for {which}; "
+                             f"available: {', '.join(available) or 'none'}")]

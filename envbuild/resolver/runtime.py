@@ -1,0 +1,141 @@
+"""How a CUDA family runs on the host's driver: the driver check and the driver summary.
+
+Compatibility modes, strongest first:
+- native: the driver is at least the toolkit driver of the wheel's CUDA release;
+- minor-version: the driver meets the CUDA major's floor. The wheel's bundled runtime
+  works, but PTX from the newer toolkit cannot be JIT-compiled, so the GPU must be
+  covered by SASS. The base image is then the newest CUDA release of that major the
+  driver runs natively, because a newer image's NVIDIA_REQUIRE_CUDA refuses to start;
+- forward: datacenter GPUs only, through the cuda-compat package, on the driver
+  branches NVIDIA lists for it.
+"""
+
+from __future__ import annotations
+
+from envbuild.data.versions import DriverVersion
+from envbuild.resolver.model import DriverSummary, Rejection
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from envbuild.data.gpus import ArchEntry, GpuTarget
+    from envbuild.resolver.families import Family
+    from envbuild.resolver.index import Index, Toolkit
+    from envbuild.resolver.model import Compat, Request
+
+
+class Runtime:
+    """How a CUDA family runs on the host: mode, base-image CUDA release, needed driver."""
+
+    __slots__ = ("base_releases", "compat", "min_driver", "source")
+
+    def __init__(self, compat: Compat, base_releases: list[str], min_driver: DriverVersion,
+                 source: str) -> None:
+        self.compat = compat
+        self.base_releases = base_releases  # CUDA releases a base image may carry, best first
+        self.min_driver, self.source = min_driver, source
+
+
+def summarize_driver(driver: DriverVersion, ix: Index) -> DriverSummary:
+    runs = ix.native(driver)
+    native = [t for t in ix.toolkits if t in runs]
+    newest = native[0] if native else None
+    majors = sorted((m for m in ix.floors if (f := ix.floor(m)) and driver.satisfies(f)),
+                    reverse=True)
+    needs: dict[str, str] = {}
+    for toolkit in reversed(ix.toolkits):
+        family = f"{toolkit.major}.{toolkit.minor}"
+        if toolkit not in runs and family not in needs:
+            needs[family] = toolkit.driver.full()
+    return DriverSummary(
+        version=str(driver),
+        max_cuda=f"{newest.major}.{newest.minor}" if newest else None,
+        max_cuda_release=newest.cuda if newest else None,
+        minor_compat=f"{majors[0]}.x" if majors else None,
+        needs_newer=tuple(needs.items()),
+    )
+
+
+def check_driver(family: Family, ask: Request, ix: Index) -> Runtime | Rejection:
+    row = family.row
+    releases = [t for t in ix.releases_of(row["cuda"])
+                if ask.cuda is None or ask.cuda.admits(t.cuda)]
+    if not releases:
+        return Rejection(family=family.label, constraint="cuda", source=row["source"],
+                         reason=f"no CUDA {row['cuda']} toolkit release in cuda_toolkits.yaml")
+    gpu_floor = max((g.min_driver_branch or 0 for g in ask.gpus), default=0)
+    ceiling = min((g.last_driver_branch for g in ask.gpus if g.last_driver_branch),
+                  default=None)
+    driver = ask.driver
+    if driver is None and ceiling is not None:
+        # A retired GPU caps the driver: judge the family on the newest driver it supports.
+        driver = DriverVersion(ceiling)
+    if driver is None:
+        newest = releases[0]
+        need = max(newest.driver, DriverVersion(gpu_floor)) if gpu_floor else newest.driver
+        return Runtime("native", [t.cuda for t in releases], need, newest.source)
+    runs = ix.native(driver)
+    native = [t for t in releases if t in runs]
+    if native:
+        return Runtime("native", [t.cuda for t in native], native[0].driver, native[0].source)
+    result = _minor_or_forward(family, ask, ix, releases, driver)
+    if isinstance(result, Rejection) and ask.driver is None and ceiling is not None:
+        gpu = next(g for g in ask.gpus if g.last_driver_branch == ceiling)
+        return Rejection(family=result.family, constraint="gpu-driver", source=gpu.source,
+                         reason=f"{result.reason.split(' (host')[0]}, but {gpu.label} is "
+                                f"supported only up to driver branch {ceiling}")
+    return result
+
+
+def driver_verdict(family: Family, ask: Request, ix: Index,
+                   verdicts: dict[Any, Runtime | Rejection]) -> Runtime | Rejection:
+    """``check_driver``, reached once per CUDA series and request.
+
+    The verdict depends on the family only through its CUDA series and, when GPUs are
+    named, its arch list (the PTX check), so families that share both share it; a
+    rejection is handed out under each family's own name. The one rejection that cites
+    the family's own row (no toolkit release for its CUDA) is not shared."""
+    row = family.row
+    key = (row["cuda"], tuple(row.get("arch_list", ())) if ask.gpus else None)
+    found = verdicts.get(key)
+    if found is None:
+        found = verdicts[key] = check_driver(family, ask, ix)
+        return found
+    if isinstance(found, Rejection):
+        if found.constraint == "cuda":
+            return check_driver(family, ask, ix)
+        return found.renamed(family.label)
+    return found
+
+
+def _minor_or_forward(family: Family, ask: Request, ix: Index, releases: list[Toolkit],
+                      driver: DriverVersion) -> Runtime | Rejection:
+    row = family.row
+    major = releases[0].major
+    floor = ix.floor(major)
+    oldest = releases[-1]
+    why = f"CUDA {row['cuda']} needs driver >= {oldest.driver.full()} (host: {driver})"
+    if floor is not None and driver.satisfies(floor):
+        ptx_only = _ptx_only(ask.gpus, ix.arch(row.get("arch_list", ()))) if ask.gpus else []
+        if ptx_only:
+            return Rejection(family=family.label, constraint="driver", source=ix.floors[major][1],
+                             reason=f"{why}; minor-version compatibility cannot JIT its PTX for "
+                                    f"{ptx_only[0].sm}")
+        runs = ix.native(driver)
+        bases = [t.cuda for t in ix.toolkits if t.major == major and t in runs]
+        return Runtime("minor-version", bases, floor, ix.floors[major][1])
+    forward = ix.forward.get(major)
+    if (forward and ask.gpus and all(g.datacenter for g in ask.gpus)
+            and driver.branch in forward[0]):
+        return Runtime("forward", [t.cuda for t in releases], DriverVersion(driver.branch), forward[1])
+    if floor is not None:
+        why += f"; minor-version compatibility needs >= {floor.full()}"
+    return Rejection(family=family.label, constraint="driver", reason=why, source=oldest.source)
+
+
+def _ptx_only(gpus: Iterable[GpuTarget], entries: list[ArchEntry]) -> list[GpuTarget]:
+    from envbuild.data.gpus import coverage_of
+
+    return [g for g in gpus if coverage_of(g.compute_capability, entries) == "ptx"]
