@@ -34,16 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from envbuild.errors import DataError, exit_code_of
 from envbuild.fs import write_file as write_atomic
-from envbuild.upstream.pypi import (
-    FIRST_TORCH,
-    LINUX_MARKERS,
-    LINUX_X86_64,
-    IndexClient,
-    WheelFile,
-    exact_pin,
-    index_url,
-    releases,
-)
+from envbuild.upstream.pipconfig import index_url
+from envbuild.upstream.simple_api import IndexClient, WheelFile
+from envbuild.upstream.torch_facts import FIRST_TORCH, LINUX_MARKERS, LINUX_X86_64, exact_pin, releases
 
 DESCRIPTION = (
     "Sizes and nvidia-* pins of torch's default Linux x86_64 wheels on the Python package "

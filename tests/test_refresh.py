@@ -32,7 +32,7 @@ import yaml
 from envbuild.commands import cli
 from envbuild.errors import DataError
 from envbuild.upstream import refresh
-from envbuild.upstream.pypi import HttpPolicy
+from envbuild.upstream.http_client import HttpPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "refresh"

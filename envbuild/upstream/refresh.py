@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from envbuild.errors import DataError, UsageError
 
 if TYPE_CHECKING:
-    from envbuild.upstream.pypi import HttpPolicy
+    from envbuild.upstream.http_client import HttpPolicy
     from envbuild.upstream.sources import Row, Source, SourceResult
 
 SOURCES = ("nvidia", "pypi", "pytorch", "tags")  # run in this order: later ones read earlier rows
@@ -134,7 +134,8 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], progress: Log,
 
 
 def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> Any:
-    from envbuild.upstream.pypi import IndexClient, index_url
+    from envbuild.upstream.pipconfig import index_url
+    from envbuild.upstream.simple_api import IndexClient
 
     # The client is also the HTTP client of the other sources; only pypi needs an index.
     index = index_url(options.index_url, env) if "pypi" in options.sources else NO_INDEX

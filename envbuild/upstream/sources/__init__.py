@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envbuild.upstream.pypi import Reply
+from envbuild.upstream.http_client import Reply
 
 Row = dict[str, Any]
 Log = Callable[[str], None]

@@ -17,7 +17,7 @@ from pathlib import Path
 from requests.structures import CaseInsensitiveDict
 
 from envbuild.errors import DataError
-from envbuild.upstream.pypi import IndexClient
+from envbuild.upstream.http_client import HttpClient
 from envbuild.upstream.sources import Document
 
 # Headers a source reads from a reply and the cache must keep with the body.
@@ -25,7 +25,7 @@ KEPT_HEADERS = ("Content-Type", "Link")
 
 
 class Fetcher:
-    def __init__(self, client: IndexClient | None, *, cache_dir: Path | None, offline: bool) -> None:
+    def __init__(self, client: HttpClient | None, *, cache_dir: Path | None, offline: bool) -> None:
         self.client = client
         self.cache_dir = cache_dir
         self.offline = offline
