@@ -1,9 +1,9 @@
 """``envbuild matrix refresh`` against recorded upstream documents served on 127.0.0.1.
 
 The PyTorch index, NVIDIA's redist manifests and a registry's tag list are fixtures in
-tests/fixtures/refresh/ (their real formats); each FAULTS.md section E case has a test
-named ``test_e<N>_...``. The package-index source runs against the real index in
-tests/test_refresh_network.py.
+tests/fixtures/refresh/ (their real formats); each upstream fault (a black hole, retries,
+bad documents, shrinking, partial failure, TLS, crashes, locks …) has a test named
+``test_e<N>_...``. The pypi source runs against the real index in tests/test_refresh_network.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import yaml
 
 from envbuild.commands import cli
 from envbuild.errors import DataError
-from envbuild.upstream import refresh
+from envbuild.upstream import journal, merge, refresh
 from envbuild.upstream.http_client import HttpPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def test_bad_flag_exits_2(data: Path, env: dict[str, str]) -> None:
     assert cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "npm"], env) == 2
 
 
-# --- FAULTS.md section E --------------------------------------------------------------------------
+# --- upstream faults ------------------------------------------------------------------------------
 
 
 def test_e1_blackhole_times_out_exit_4_data_unchanged(data: Path, env: dict[str, str]) -> None:
@@ -407,12 +407,12 @@ def test_e9_redirect_from_https_to_http_is_refused(upstream: Upstream, data: Pat
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-from envbuild.upstream import refresh
+from envbuild.upstream import journal
 stage = sys.argv[2]
 def checkpoint(name):
     if name == stage:
         os.kill(os.getpid(), signal.SIGKILL)
-refresh.commit(Path(sys.argv[1]), {"cudnn.yaml": Path(sys.argv[3]).read_bytes()}, checkpoint=checkpoint)
+journal.commit(Path(sys.argv[1]), {"cudnn.yaml": Path(sys.argv[3]).read_bytes()}, checkpoint=checkpoint)
 """
 
 
@@ -426,7 +426,7 @@ def test_e10_sigkill_during_the_write(data: Path, env: dict[str, str], tmp_path:
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
     assert done.returncode == -signal.SIGKILL
     assert (data / "cudnn.yaml").read_bytes() in (old, new)
-    refresh.recover(data)  # what the next refresh does first
+    journal.recover(data)  # what the next refresh does first
     assert (data / "cudnn.yaml").read_bytes() == (old if expected == "old" else new)
     assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]
     if expected == "new":
@@ -470,7 +470,7 @@ def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: d
     from envbuild.data import matrix
 
     before = snapshot(data)
-    with refresh.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
+    with journal.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
         with pytest.raises(DataError, match="refresh in progress"):
             run(upstream, data, env, lock_timeout_s=0.3)
         assert cli.main(argv(upstream, data), env) == 4
@@ -493,7 +493,7 @@ def test_merge_keeps_hand_rows_replaces_own_rows_and_appends_new() -> None:
     hand = {"cuda": "12.4.1", "min_driver": "550.54.15", "source": "https://docs.nvidia.com/x"}
     own = {"cuda": "12.5.0", "min_driver": "1", "source": "https://up/x#sha256=1"}
     derived = [{**hand, "source": "https://up/a"}, {**own, "min_driver": "2"}, {"cuda": "9.9.9", "source": "https://up/b"}]
-    merged, change = refresh.merge_rows("cuda_toolkits", [hand, own], derived, "https://up/", False)
+    merged, change = merge.merge_rows("cuda_toolkits", [hand, own], derived, "https://up/", False)
     assert merged[0] is hand and merged[1]["min_driver"] == "2" and merged[2]["cuda"] == "9.9.9"
     assert (change.added, change.updated, change.kept_hand_sourced) == (1, 1, 1)
 
@@ -540,7 +540,7 @@ def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
 
 
 def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() -> None:
-    from envbuild.upstream.refresh import merge_rows
+    from envbuild.upstream.merge import merge_rows
 
     prefix = "https://nv.test/"
     hand = {"cudnn": "8.6.0.163", "cuda_majors": [11], "pip_packages": {"11": "nvidia-cudnn-cu11"},
@@ -558,3 +558,4 @@ def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() 
     again, change = merge_rows("cudnn", merged, [dict(fresh, retrieved="2026-12-01")], prefix,
                                allow_shrink=False)
     assert again == merged and change.updated == 0
+

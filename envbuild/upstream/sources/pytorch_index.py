@@ -115,7 +115,7 @@ class PytorchIndexSource:
         context.progress(f"pytorch {variant}: {len(releases)} releases")
         cuda = cuda_of(variant)
         if cuda is not None and cuda not in minors:
-            context.progress(f"pytorch {variant}: skipped, CUDA {cuda} is not in cuda_toolkits.yaml "
+            context.warn(f"pytorch {variant}: skipped, CUDA {cuda} is not in cuda_toolkits.yaml "
                              "(refresh the nvidia source first)")
             return []
         source = with_digest(page.url, page.sha256)
