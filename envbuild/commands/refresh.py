@@ -47,7 +47,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> refre
     from envbuild.data.matrix import default_directory
 
     chosen = tuple(args.source or ["all"])
-    # "all" stands for the default sources; one named besides it is read too.
+    # "all" stands for the default sources; one named besides it (wheels) is read too.
     sources = tuple(s for s in refresh.ORDER if s in chosen or ("all" in chosen and s in refresh.SOURCES))
     out = Path(args.out) if args.out else None
     if out is not None:

@@ -28,11 +28,14 @@ if TYPE_CHECKING:
     from envbuild.upstream.merge import RelationChange
     from envbuild.upstream.sources import Row, Source, SourceResult
 
-# Run in this order: later ones read earlier rows.
-ORDER = ("nvidia", "pypi", "pytorch", "tags")
-SOURCES = ORDER  # what ``--source all`` (and no --source) reads
+# Run in this order: later ones read earlier rows (wheels reads the pypi source's torch_pypi).
+ORDER = ("nvidia", "pypi", "wheels", "pytorch", "tags")
+# What ``--source all`` (and no --source) reads. The wheels source is asked for by name: it
+# reads the METADATA of every torch wheel per CPython and lists every pinned nvidia-*
+# project, many times the requests of the others, for sizes the resolver does not need.
+SOURCES = ("nvidia", "pypi", "pytorch", "tags")
 PROJECTS = ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "images")
-INDEX_SOURCES = frozenset({"pypi"})  # the sources that read the package index
+INDEX_SOURCES = frozenset({"pypi", "wheels"})  # the sources that read the package index
 NO_INDEX = "https://no-index.invalid/"
 
 
@@ -132,6 +135,7 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
     from envbuild.upstream.sources.nvidia_redistrib import DEFAULT_URL as NVIDIA
     from envbuild.upstream.sources.nvidia_redistrib import NvidiaSource
     from envbuild.upstream.sources.pypi_source import PypiSource
+    from envbuild.upstream.sources.pypi_wheels import PypiWheelsSource
     from envbuild.upstream.sources.pytorch_index import DEFAULT_URL as PYTORCH
     from envbuild.upstream.sources.pytorch_index import PytorchIndexSource
     from envbuild.upstream.sources.registry_tags import DEFAULT_URL as REGISTRY
@@ -140,6 +144,7 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
     made: dict[str, Source] = {
         "nvidia": NvidiaSource(base_url=options.nvidia_url or NVIDIA),
         "pypi": PypiSource(client=client, index=client.index),
+        "wheels": PypiWheelsSource(client=client, index=client.index),
         "pytorch": PytorchIndexSource(base_url=options.pytorch_url or PYTORCH),
         "tags": RegistryTagsSource(repository_url=options.registry_url or REGISTRY),
     }
