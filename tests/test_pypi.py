@@ -579,7 +579,7 @@ def torch_metadata(version: str, runtime: str) -> str:
     return metadata_text("torch", version, [f"nvidia-cuda-runtime-cu12=={runtime}"])
 
 
-def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
+def test_torch_and_companion_facts_from_a_fake_index(index: FakeIndex) -> None:
     torch = {
         "torch-1.12.1-cp310-cp310-manylinux1_x86_64.whl": ("1.12.1", "12.1.105"),
         "torch-2.4.0-cp311-cp311-manylinux1_x86_64.whl": ("2.4.0", "12.1.105"),
@@ -623,10 +623,14 @@ def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
         },
     )
 
-    facts = torch_facts.collect_facts(client_for(index), since=Version("2.0.0"))
+    client, since = client_for(index), Version("2.0.0")
+    torch = torch_facts.torch_facts(client, since=since)
+    vision = torch_facts.companion_facts(client, "torchvision", since=since)
+    audio = torch_facts.companion_facts(client, "torchaudio", since=since)
+    companions = torch_facts.companions_table([fact.torch for fact in torch], vision, audio)
 
-    assert [f.torch for f in facts.torch] == ["2.4.0", "2.5.0"]
-    first, second = facts.torch
+    assert [f.torch for f in torch] == ["2.4.0", "2.5.0"]
+    first, second = torch
     assert (first.default_variant, first.python, first.free_threaded) == (
         "cu121",
         ("3.11", "3.12"),
@@ -636,12 +640,12 @@ def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
     assert (second.default_variant, second.free_threaded) == ("cu124", ("3.13",))
     assert [
         (r.torch, r.torchvision and r.torchvision.version, r.torchaudio and r.torchaudio.version)
-        for r in facts.companions
+        for r in companions
     ] == [("2.4.0", "0.19.0", "2.4.0"), ("2.5.0", "0.20.0", None)]
     # torchvision 0.13.1 pins a torch older than `since`: the walk stops there.
-    assert [f.version for f in facts.torchvision] == ["0.19.0", "0.20.0"]
-    assert facts.torchaudio[-1].torch is None and facts.torchaudio[-1].torch_requirement is None
-    assert facts.bytes_transferred > 0
+    assert [f.version for f in vision] == ["0.19.0", "0.20.0"]
+    assert audio[-1].torch is None and audio[-1].torch_requirement is None
+    assert client.bytes_received > 0
 
 
 # --------------------------------------------------------------------------- real index

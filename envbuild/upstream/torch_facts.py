@@ -14,7 +14,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envbuild.upstream.simple_api import IndexClient, MetadataRead, WheelFile
+from envbuild.upstream.simple_api import MetadataRead, WheelFile
 
 LINUX_X86_64 = re.compile(r"(many)?linux(1|2010|2014|_\d+_\d+)?_x86_64")
 PREFERRED_PYTHON = "cp311"
@@ -84,8 +84,6 @@ class PypiFacts:
     torchvision: tuple[CompanionFact, ...]
     torchaudio: tuple[CompanionFact, ...]
     companions: tuple[CompanionRow, ...]
-    bytes_transferred: int
-    requests_made: int
 
 
 Progress = Callable[[str], None]
@@ -98,23 +96,6 @@ class IndexReader(Protocol):
     def list_wheels(self, project: str) -> tuple[WheelFile, ...]: ...
 
     def wheel_metadata(self, wheel: WheelFile) -> MetadataRead: ...
-
-
-def collect_facts(
-    client: IndexClient, *, since: Version = FIRST_TORCH, progress: Progress | None = None
-) -> PypiFacts:
-    """torch, torchvision and torchaudio facts for every final torch release >= ``since``."""
-    torch = torch_facts(client, since=since, progress=progress)
-    vision = companion_facts(client, "torchvision", since=since, progress=progress)
-    audio = companion_facts(client, "torchaudio", since=since, progress=progress)
-    return PypiFacts(
-        torch=torch,
-        torchvision=vision,
-        torchaudio=audio,
-        companions=companions_table([fact.torch for fact in torch], vision, audio),
-        bytes_transferred=client.bytes_received,
-        requests_made=client.requests_made,
-    )
 
 
 def torch_facts(

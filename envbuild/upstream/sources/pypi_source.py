@@ -79,8 +79,7 @@ class PypiSource:
             vision = _companions(reader, "torchvision", only, context)
             audio = _companions(reader, "torchaudio", only, context)
             table = torch_facts.companions_table([f.torch for f in torch], vision, audio)
-            facts = PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table,
-                                   bytes_transferred=0, requests_made=0)
+            facts = PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table)
             documents = build_documents(facts, context.retrieved, reader.digests)
             rows["torch_companions"] = tuple(documents["torch_companions"]["rows"])
         else:
@@ -108,8 +107,7 @@ def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[
 
     table = tuple(CompanionRow(torch=f.torch, torchvision=known(f.torch, "torchvision"),
                                torchaudio=known(f.torch, "torchaudio")) for f in torch)
-    return PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table,
-                          bytes_transferred=0, requests_made=0)
+    return PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table)
 
 
 COMPANION_NOTES = ("no torchvision", "no torchaudio", "torchvision releases", "torchaudio releases")
