@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -33,13 +31,10 @@ def matrix() -> matrixmod.Matrix:
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("update_wheel_facts",
-                                                  REPO / "bin/update_wheel_facts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    """The producer of torch_wheels.yaml: matrix refresh's wheels source."""
+    from envbuild.upstream.sources import pypi_wheels
+
+    return pypi_wheels
 
 
 def top(m: matrixmod.Matrix, **request: Any) -> Stack:
@@ -118,7 +113,7 @@ def test_parse_pins_evaluates_markers_per_python(script: ModuleType) -> None:
 
 
 def test_pick_prefers_the_newest_manylinux(script: ModuleType) -> None:
-    from envbuild.upstream.pypi import parse_simple_page
+    from envbuild.upstream.simple_api import parse_simple_page
 
     names = ["nvidia_x-1.0-py3-none-manylinux1_x86_64.whl",
              "nvidia_x-1.0-py3-none-manylinux_2_27_x86_64.whl",

@@ -1,4 +1,5 @@
-"""envbuild.pypi against a local index: JSON pages, range requests, retries, errors.
+"""The package-index client (envbuild.upstream: simple_api, http_client, remote_zip, pipconfig,
+torch_facts) against a local index: JSON pages, range requests, retries, errors.
 
 The server runs on 127.0.0.1 in a thread and serves wheels built here with zipfile,
 honouring Range headers and counting the bytes it sends.
@@ -10,7 +11,6 @@ import contextlib
 import email.parser
 import hashlib
 import http.server
-import importlib.util
 import io
 import json
 import os
@@ -23,15 +23,13 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-import yaml
 from packaging.version import Version
 
 from envbuild.errors import DataError
-from envbuild.upstream import pypi
+from envbuild.upstream import http_client, pipconfig, remote_zip, simple_api, torch_facts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +79,7 @@ def _handler(index: FakeIndex) -> type[http.server.BaseHTTPRequestHandler]:
             if index.scripted.get(path):
                 self._send(*index.scripted[path].pop(0))
             elif path in index.pages:
-                self._send(200, {"Content-Type": pypi.SIMPLE_JSON}, index.pages[path])
+                self._send(200, {"Content-Type": simple_api.SIMPLE_JSON}, index.pages[path])
             elif path in index.files:
                 self._send_file(index.files[path])
             else:
@@ -123,9 +121,9 @@ def index() -> Iterator[FakeIndex]:
     server.server_close()
 
 
-def client_for(index: FakeIndex, **kwargs: Any) -> pypi.IndexClient:
+def client_for(index: FakeIndex, **kwargs: Any) -> simple_api.IndexClient:
     sleeps: list[float] = kwargs.pop("sleeps", [])
-    return pypi.IndexClient(index.url("/simple/"), env={}, sleep=sleeps.append, **kwargs)
+    return simple_api.IndexClient(index.url("/simple/"), env={}, sleep=sleeps.append, **kwargs)
 
 
 # --------------------------------------------------------------------------- wheels
@@ -266,10 +264,10 @@ def test_not_a_zip_raises(index: FakeIndex) -> None:
 
 def test_zip64_extra_field_replaces_placeholders() -> None:
     extra = struct.pack("<2H", 0x7075, 1) + b"x" + struct.pack("<2H3Q", 1, 24, 5_000_000_000, 7, 9)
-    values = pypi._zip64_values(extra, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+    values = remote_zip._zip64_values(extra, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
     assert values == (5_000_000_000, 7, 9)
     # Only the fields that hold the placeholder are in the extra field, in order.
-    assert pypi._zip64_values(struct.pack("<2HQ", 1, 8, 6_000_000_000), 10, 20, 0xFFFFFFFF) == (
+    assert remote_zip._zip64_values(struct.pack("<2HQ", 1, 8, 6_000_000_000), 10, 20, 0xFFFFFFFF) == (
         10,
         20,
         6_000_000_000,
@@ -347,7 +345,7 @@ def test_404_raises_data_error(index: FakeIndex) -> None:
 def test_redirect_within_http_is_followed(index: FakeIndex) -> None:
     publish(index, "demo", {"demo-1.0-py3-none-any.whl": b""})
     index.scripted["/simple/Demo/"] = [(301, {"Location": "/simple/demo/"}, b"")]
-    client = pypi.IndexClient(index.url("/simple"), env={})
+    client = simple_api.IndexClient(index.url("/simple"), env={})
 
     # canonicalize_name gives "demo" anyway; call get() to exercise the redirect.
     reply = client.get(index.url("/simple/Demo/"))
@@ -359,9 +357,9 @@ def test_blackhole_server_times_out() -> None:
     with socket.socket() as listener:  # accepts connections, never answers
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
-        policy = pypi.HttpPolicy(connect_timeout_s=0.5, read_timeout_s=0.3, attempts=2)
+        policy = http_client.HttpPolicy(connect_timeout_s=0.5, read_timeout_s=0.3, attempts=2)
         port = listener.getsockname()[1]
-        client = pypi.IndexClient(
+        client = simple_api.IndexClient(
             f"http://127.0.0.1:{port}/simple/", env={}, policy=policy, sleep=lambda _: None
         )
 
@@ -381,10 +379,10 @@ def test_blackhole_server_times_out() -> None:
 )
 def test_redirect_check(source: str, target: str, allowed: bool) -> None:
     if allowed:
-        pypi.check_redirect(source, target)
+        http_client.check_redirect(source, target)
     else:
         with pytest.raises(DataError, match="refusing redirect"):
-            pypi.check_redirect(source, target)
+            http_client.check_redirect(source, target)
 
 
 # --------------------------------------------------------------------------- JSON pages
@@ -424,7 +422,7 @@ def test_page_parsing_resolves_urls_and_skips_non_wheels() -> None:
         ]
     )
 
-    (wheel,) = pypi.parse_simple_page(body, page_url="https://i.example/simple/demo/", project="demo")
+    (wheel,) = simple_api.parse_simple_page(body, page_url="https://i.example/simple/demo/", project="demo")
 
     assert wheel.url == "https://i.example/f/demo.whl#sha256=00"
     assert (wheel.version, wheel.build, wheel.platform) == (
@@ -441,8 +439,8 @@ def test_page_parsing_resolves_urls_and_skips_non_wheels() -> None:
 
 def test_index_url_flag_beats_env() -> None:
     env = {"PIP_INDEX_URL": "https://env.example/simple"}
-    assert pypi.index_url("https://flag.example/simple", env) == "https://flag.example/simple"
-    assert pypi.index_url(None, env) == "https://env.example/simple"
+    assert pipconfig.index_url("https://flag.example/simple", env) == "https://flag.example/simple"
+    assert pipconfig.index_url(None, env) == "https://env.example/simple"
 
 
 @pytest.fixture
@@ -450,7 +448,7 @@ def pip_env(tmp_path: Path) -> dict[str, str]:
     """An environment whose pip configuration is only the file written here."""
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    if pypi.pip_config_index_url(env):
+    if pipconfig.pip_config_index_url(env):
         pytest.skip("a system-wide pip configuration sets index-url on this machine")
     config = tmp_path / "pip.conf"
     config.write_text("[global]\nindex-url = https://config.example/simple\n")
@@ -459,26 +457,26 @@ def pip_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_index_url_env_beats_pip_config(pip_env: dict[str, str]) -> None:
-    assert pypi.index_url(None, pip_env) == "https://config.example/simple"
+    assert pipconfig.index_url(None, pip_env) == "https://config.example/simple"
     env = {**pip_env, "PIP_INDEX_URL": "https://env.example/simple"}
-    assert pypi.index_url(None, env) == "https://env.example/simple"
+    assert pipconfig.index_url(None, env) == "https://env.example/simple"
 
 
 def test_index_url_falls_back_to_pips_default(tmp_path: Path) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}
-    default = pypi.pip_default_index_url()
+    default = pipconfig.pip_default_index_url()
     assert default and default.startswith("https://")
-    assert pypi.index_url(None, env) == default
+    assert pipconfig.index_url(None, env) == default
 
 
 def test_index_url_rejects_non_http() -> None:
     with pytest.raises(DataError, match="not an http"):
-        pypi.index_url("file:///srv/simple", {})
+        pipconfig.index_url("file:///srv/simple", {})
 
 
 def test_parse_pip_config_list() -> None:
     text = "global.index-url='https://a.example/simple'\n:env:.cert='/x'\ngarbage\nk=[1]\n"
-    assert pypi.parse_pip_config_list(text) == {
+    assert pipconfig.parse_pip_config_list(text) == {
         "global.index-url": "https://a.example/simple",
         ":env:.cert": "/x",
     }
@@ -493,7 +491,7 @@ def test_parse_pip_config_list() -> None:
     ],
 )
 def test_tls_verify(env: dict[str, str], expected: str | bool) -> None:
-    assert pypi.tls_verify(env) == expected
+    assert pipconfig.tls_verify(env) == expected
 
 
 # --------------------------------------------------------------------------- facts
@@ -531,7 +529,7 @@ def test_tls_verify(env: dict[str, str], expected: str | bool) -> None:
     ],
 )
 def test_cuda_pins(requires: list[str], expected: dict[str, str]) -> None:
-    pins = pypi.cuda_pins(requires)
+    pins = torch_facts.cuda_pins(requires)
     assert {key: value for key, (value, _) in pins.items()} == expected
 
 
@@ -539,12 +537,12 @@ def test_cuda_pins(requires: list[str], expected: dict[str, str]) -> None:
     ("runtime", "variant"), [("11.7.99", "cu117"), ("12.1.105", "cu121"), ("13.0.2", "cu130")]
 )
 def test_variant_of(runtime: str, variant: str) -> None:
-    assert pypi.variant_of(runtime) == variant
+    assert torch_facts.variant_of(runtime) == variant
 
 
-def wheel(filename: str, *, yanked: bool = False) -> pypi.WheelFile:
+def wheel(filename: str, *, yanked: bool = False) -> simple_api.WheelFile:
     body = page([{"filename": filename, "url": f"/{filename}", "yanked": yanked}])
-    (parsed,) = pypi.parse_simple_page(body, page_url="http://i/", project="torch")
+    (parsed,) = simple_api.parse_simple_page(body, page_url="http://i/", project="torch")
     return parsed
 
 
@@ -556,13 +554,13 @@ def test_preferred_wheel_takes_linux_cp311_with_the_highest_build() -> None:
         wheel("torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl"),
         wheel("torch-2.10.0-cp311-cp311t-manylinux_2_28_x86_64.whl"),
     ]
-    chosen = pypi.preferred_wheel(wheels)
+    chosen = torch_facts.preferred_wheel(wheels)
     assert chosen.filename == "torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl"
     pure = [
         wheel("torchvision-0.29.2-py3-none-macosx_14_0_arm64.whl"),
         wheel("torchvision-0.29.2-py3-none-manylinux_2_28_x86_64.whl"),
     ]
-    assert pypi.preferred_wheel(pure).platform == "manylinux_2_28_x86_64"
+    assert torch_facts.preferred_wheel(pure).platform == "manylinux_2_28_x86_64"
 
 
 def test_releases_keep_final_unyanked_versions_since() -> None:
@@ -573,7 +571,7 @@ def test_releases_keep_final_unyanked_versions_since() -> None:
         wheel("torch-2.1.0-cp310-cp310-manylinux1_x86_64.whl", yanked=True),
         wheel("torch-1.13.0-cp310-cp310-manylinux1_x86_64.whl"),
     ]
-    found = pypi.releases(wheels, since=Version("1.13.0"))
+    found = torch_facts.releases(wheels, since=Version("1.13.0"))
     assert [str(version) for version, _ in found] == ["1.13.0", "2.0.0"]
 
 
@@ -581,7 +579,7 @@ def torch_metadata(version: str, runtime: str) -> str:
     return metadata_text("torch", version, [f"nvidia-cuda-runtime-cu12=={runtime}"])
 
 
-def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
+def test_torch_and_companion_facts_from_a_fake_index(index: FakeIndex) -> None:
     torch = {
         "torch-1.12.1-cp310-cp310-manylinux1_x86_64.whl": ("1.12.1", "12.1.105"),
         "torch-2.4.0-cp311-cp311-manylinux1_x86_64.whl": ("2.4.0", "12.1.105"),
@@ -625,10 +623,14 @@ def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
         },
     )
 
-    facts = pypi.collect_facts(client_for(index), since=Version("2.0.0"))
+    client, since = client_for(index), Version("2.0.0")
+    torch = torch_facts.torch_facts(client, since=since)
+    vision = torch_facts.companion_facts(client, "torchvision", since=since)
+    audio = torch_facts.companion_facts(client, "torchaudio", since=since)
+    companions = torch_facts.companions_table([fact.torch for fact in torch], vision, audio)
 
-    assert [f.torch for f in facts.torch] == ["2.4.0", "2.5.0"]
-    first, second = facts.torch
+    assert [f.torch for f in torch] == ["2.4.0", "2.5.0"]
+    first, second = torch
     assert (first.default_variant, first.python, first.free_threaded) == (
         "cu121",
         ("3.11", "3.12"),
@@ -638,50 +640,12 @@ def test_collect_facts_from_a_fake_index(index: FakeIndex) -> None:
     assert (second.default_variant, second.free_threaded) == ("cu124", ("3.13",))
     assert [
         (r.torch, r.torchvision and r.torchvision.version, r.torchaudio and r.torchaudio.version)
-        for r in facts.companions
+        for r in companions
     ] == [("2.4.0", "0.19.0", "2.4.0"), ("2.5.0", "0.20.0", None)]
     # torchvision 0.13.1 pins a torch older than `since`: the walk stops there.
-    assert [f.version for f in facts.torchvision] == ["0.19.0", "0.20.0"]
-    assert facts.torchaudio[-1].torch is None and facts.torchaudio[-1].torch_requirement is None
-    assert facts.bytes_transferred > 0
-
-
-# --------------------------------------------------------------------------- the script
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("update_pypi_facts", REPO / "bin/update_pypi_facts.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_script_writes_sourced_rows_atomically(index: FakeIndex, tmp_path: Path) -> None:
-    test_collect_facts_from_a_fake_index(index)  # fills the fake index
-    script = load_script()
-    old = tmp_path / "torch_pypi.yaml"
-    old.write_text("relation: torch_pypi\nrows: [{}, {}, {}, {}]\n")
-
-    code = script.main(["--index-url", index.url("/simple/"), "--matrices", str(tmp_path), "--quiet"])
-
-    assert code == 4  # 4 rows → 2: refused, nothing replaced
-    assert old.read_text().startswith("relation: torch_pypi\nrows: [{}")
-    assert not (tmp_path / "torch_companions.yaml").exists()
-    old.unlink()
-    assert script.main(["--index-url", index.url("/simple/"), "--matrices", str(tmp_path), "--quiet"]) == 0
-    for relation in ("torch_pypi", "torch_companions"):
-        text = (tmp_path / f"{relation}.yaml").read_text()
-        assert "127.0.0.1" not in text
-        document = yaml.safe_load(text)
-        assert document["relation"] == relation
-        for row in document["rows"]:
-            assert row["source"].startswith("pip-index:///simple/torch")
-            assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["retrieved"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "torch_companions.yaml",
-        "torch_pypi.yaml",
-    ]
+    assert [f.version for f in vision] == ["0.19.0", "0.20.0"]
+    assert audio[-1].torch is None and audio[-1].torch_requirement is None
+    assert client.bytes_received > 0
 
 
 # --------------------------------------------------------------------------- real index
@@ -689,13 +653,13 @@ def test_script_writes_sourced_rows_atomically(index: FakeIndex, tmp_path: Path)
 
 @pytest.mark.network
 def test_real_torch_2_4_0_pins_cuda_runtime_12_1_105() -> None:
-    client = pypi.IndexClient(pypi.index_url(None, os.environ), env=os.environ)
+    client = simple_api.IndexClient(pipconfig.index_url(None, os.environ), env=os.environ)
     wheels = [w for w in client.list_wheels("torch") if w.version == Version("2.4.0")]
-    linux = [w for w in wheels if pypi.is_linux_x86_64_cpython(w)]
+    linux = [w for w in wheels if torch_facts.is_linux_x86_64_cpython(w)]
 
-    read = client.wheel_metadata(pypi.preferred_wheel(linux))
+    read = client.wheel_metadata(torch_facts.preferred_wheel(linux))
     metadata = email.parser.HeaderParser().parsestr(read.text)
-    pins = pypi.cuda_pins(metadata.get_all("Requires-Dist") or [])
+    pins = torch_facts.cuda_pins(metadata.get_all("Requires-Dist") or [])
 
     assert pins["cuda_runtime"][0] == "12.1.105"
     assert read.bytes_transferred < 2_000_000  # the wheel is ~800 MB

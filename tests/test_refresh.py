@@ -1,9 +1,10 @@
 """``envbuild matrix refresh`` against recorded upstream documents served on 127.0.0.1.
 
-The PyTorch index, NVIDIA's redist manifests and a registry's tag list are fixtures in
-tests/fixtures/refresh/ (their real formats); each FAULTS.md section E case has a test
-named ``test_e<N>_...``. The package-index source runs against the real index in
-tests/test_refresh_network.py.
+The PyTorch index, NVIDIA's redist manifests, a registry's tag list and (for the wheels
+source) package-index pages and METADATA are fixtures in tests/fixtures/refresh/ (their real
+formats); each upstream fault (a black hole, retries, bad documents, shrinking, partial
+failure, TLS, crashes, locks …) has a test named ``test_e<N>_...``. The pypi source runs
+against the real index in tests/test_refresh_network.py.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import yaml
 
 from envbuild.commands import cli
 from envbuild.errors import DataError
-from envbuild.upstream import refresh
-from envbuild.upstream.pypi import HttpPolicy
+from envbuild.upstream import journal, merge, refresh
+from envbuild.upstream.http_client import HttpPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "refresh"
@@ -260,7 +261,7 @@ def test_bad_flag_exits_2(data: Path, env: dict[str, str]) -> None:
     assert cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "npm"], env) == 2
 
 
-# --- FAULTS.md section E --------------------------------------------------------------------------
+# --- upstream faults ------------------------------------------------------------------------------
 
 
 def test_e1_blackhole_times_out_exit_4_data_unchanged(data: Path, env: dict[str, str]) -> None:
@@ -407,12 +408,12 @@ def test_e9_redirect_from_https_to_http_is_refused(upstream: Upstream, data: Pat
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-from envbuild.upstream import refresh
+from envbuild.upstream import journal
 stage = sys.argv[2]
 def checkpoint(name):
     if name == stage:
         os.kill(os.getpid(), signal.SIGKILL)
-refresh.commit(Path(sys.argv[1]), {"cudnn.yaml": Path(sys.argv[3]).read_bytes()}, checkpoint=checkpoint)
+journal.commit(Path(sys.argv[1]), {"cudnn.yaml": Path(sys.argv[3]).read_bytes()}, checkpoint=checkpoint)
 """
 
 
@@ -426,7 +427,7 @@ def test_e10_sigkill_during_the_write(data: Path, env: dict[str, str], tmp_path:
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
     assert done.returncode == -signal.SIGKILL
     assert (data / "cudnn.yaml").read_bytes() in (old, new)
-    refresh.recover(data)  # what the next refresh does first
+    journal.recover(data)  # what the next refresh does first
     assert (data / "cudnn.yaml").read_bytes() == (old if expected == "old" else new)
     assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]
     if expected == "new":
@@ -470,7 +471,7 @@ def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: d
     from envbuild.data import matrix
 
     before = snapshot(data)
-    with refresh.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
+    with journal.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
         with pytest.raises(DataError, match="refresh in progress"):
             run(upstream, data, env, lock_timeout_s=0.3)
         assert cli.main(argv(upstream, data), env) == 4
@@ -493,7 +494,7 @@ def test_merge_keeps_hand_rows_replaces_own_rows_and_appends_new() -> None:
     hand = {"cuda": "12.4.1", "min_driver": "550.54.15", "source": "https://docs.nvidia.com/x"}
     own = {"cuda": "12.5.0", "min_driver": "1", "source": "https://up/x#sha256=1"}
     derived = [{**hand, "source": "https://up/a"}, {**own, "min_driver": "2"}, {"cuda": "9.9.9", "source": "https://up/b"}]
-    merged, change = refresh.merge_rows("cuda_toolkits", [hand, own], derived, "https://up/", False)
+    merged, change = merge.merge_rows("cuda_toolkits", [hand, own], derived, "https://up/", False)
     assert merged[0] is hand and merged[1]["min_driver"] == "2" and merged[2]["cuda"] == "9.9.9"
     assert (change.added, change.updated, change.kept_hand_sourced) == (1, 1, 1)
 
@@ -540,7 +541,7 @@ def test_cudnn_builds_before_cuda_11_are_out_of_scope() -> None:
 
 
 def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() -> None:
-    from envbuild.upstream.refresh import merge_rows
+    from envbuild.upstream.merge import merge_rows
 
     prefix = "https://nv.test/"
     hand = {"cudnn": "8.6.0.163", "cuda_majors": [11], "pip_packages": {"11": "nvidia-cudnn-cu11"},
@@ -558,3 +559,160 @@ def test_merge_refreshes_provenance_and_keeps_what_the_source_does_not_derive() 
     again, change = merge_rows("cudnn", merged, [dict(fresh, retrieved="2026-12-01")], prefix,
                                allow_shrink=False)
     assert again == merged and change.updated == 0
+
+
+# --- the wheels source (torch_wheels.yaml) --------------------------------------------------
+
+WHEEL_PROJECTS = ("torch", "nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12", "nvidia-nccl-cu12",
+                  "torchvision")
+# A torch release the index fixtures publish, recorded by hand: torch_wheels.yaml takes its
+# companions from here. Its default variant cu999 names a CUDA (99.9) no data knows.
+TORCH_98 = """\
+- torch: "98.0.0"
+  default_variant: cu999
+  python: ["3.11", "3.12"]
+  torchvision: "98.1.0"
+  torchaudio: null
+  source: https://example.test/torch-98.0.0
+  retrieved: "2026-11-21"
+"""
+
+
+def record_index(up: Upstream) -> None:
+    for project in WHEEL_PROJECTS:
+        up.serve(f"/simple/{project}/", (FIXTURES / f"simple_{project}.json").read_bytes())
+    for version, pythons in (("97.0.0", ("cp311",)), ("98.0.0", ("cp311", "cp312"))):
+        for python in pythons:
+            up.serve(f"/files/torch-{version}-{python}-{python}-manylinux_2_28_x86_64.whl.metadata",
+                     (FIXTURES / f"torch_{version}.metadata").read_bytes())
+
+
+def with_torch_98(data: Path, keep_wheel_rows: int | None = 2) -> Path:
+    """The data plus the hand-recorded torch 98.0.0; torch_wheels.yaml cut to its first rows."""
+    with (data / "torch_pypi.yaml").open("a") as handle:
+        handle.write(TORCH_98)
+    if keep_wheel_rows is not None:
+        text = (data / "torch_wheels.yaml").read_text()
+        cut = [i for i in range(len(text)) if text.startswith("\n- torch:", i)][keep_wheel_rows]
+        kept = text[: cut + 1]
+        (data / "torch_wheels.yaml").write_text(kept if keep_wheel_rows else kept + "  []\n")
+    return data
+
+
+def wheel_options(up: Upstream, data: Path, **kw: Any) -> refresh.RefreshOptions:
+    return options(up, data, **({"sources": ("wheels",), "index_url": f"{up.base}/simple/"} | kw))
+
+
+def test_wheels_source_adds_sizes_and_pins_per_python(upstream: Upstream, data: Path,
+                                                      env: dict[str, str]) -> None:
+    record_index(upstream)
+    with_torch_98(data)
+    before = rows(data, "torch_wheels")
+    log: list[str] = []
+
+    report = refresh.refresh(wheel_options(upstream, data), env, log.append)
+
+    after = rows(data, "torch_wheels")
+    assert after[:2] == before  # rows it no longer derives are kept (no --allow-shrink)
+    assert report.written == ("torch_wheels",)
+    assert report.changes["torch_wheels"].added == 2
+    py311, py312 = after[2:]
+    metadata = (FIXTURES / "torch_98.0.0.metadata").read_bytes()
+    digest = hashlib.sha256(metadata).hexdigest()
+    assert py311 == {
+        "torch": "98.0.0", "python": "3.11", "platform_tag": "manylinux_2_28_x86_64",
+        "bytes": 900000311,
+        "nvidia": {"nvidia-cuda-runtime-cu12": "12.4.127", "nvidia-cudnn-cu12": "9.1.0.70"},
+        # The newest manylinux wheel, as pip would pick on a current glibc.
+        "nvidia_bytes": {"nvidia-cuda-runtime-cu12": 884000, "nvidia-cudnn-cu12": 664000000},
+        "torchvision": "98.1.0", "torchvision_bytes": 7000311,
+        "files": {
+            "nvidia-cuda-runtime-cu12": "pip-index:///simple/nvidia-cuda-runtime-cu12/"
+                                        "#nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux_2_28_x86_64.whl",
+            "nvidia-cudnn-cu12": "pip-index:///simple/nvidia-cudnn-cu12/"
+                                 "#nvidia_cudnn_cu12-9.1.0.70-py3-none-manylinux2014_x86_64.whl",
+            "torchvision": "pip-index:///simple/torchvision/"
+                           "#torchvision-98.1.0-cp311-cp311-manylinux_2_28_x86_64.whl"},
+        "source": "pip-index:///simple/torch/#torch-98.0.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+                  f"&sha256={digest}",
+        "retrieved": "2026-11-21",
+        "note": "nvidia requirements without an exact pin: nvidia-cufft-cu12>=11",
+    }
+    # The NCCL pin applies to Python >= 3.12 only, and the index has no wheel of that version.
+    assert py312["nvidia"]["nvidia-nccl-cu12"] == "2.21.5"
+    assert "nvidia-nccl-cu12" not in py312["nvidia_bytes"]
+    assert py312["note"].startswith("no Linux x86_64 wheel size for nvidia-nccl-cu12==2.21.5; ")
+    assert (py312["bytes"], py312["torchvision_bytes"]) == (900000312, 7000312)
+    assert not any("127.0.0.1" in line for line in (data / "torch_wheels.yaml").read_text().splitlines())
+    assert any("torch 97.0.0 3.11: 0 nvidia pins" in line for line in log)  # read, but no row
+    manifest = json.loads((data / "manifest.json").read_text())["files"]
+    assert manifest["torch_wheels.yaml"] == snapshot(data)["torch_wheels.yaml"]
+
+
+def test_wheels_source_again_reads_metadata_from_the_cache(upstream: Upstream, data: Path,
+                                                           env: dict[str, str]) -> None:
+    record_index(upstream)
+    with_torch_98(data, keep_wheel_rows=0)
+    refresh.refresh(wheel_options(upstream, data), env, lambda message: None)
+    assert [(r["torch"], r["python"]) for r in rows(data, "torch_wheels")] == [
+        ("98.0.0", "3.11"), ("98.0.0", "3.12")]
+    before = snapshot(data)
+    upstream.seen.clear()
+    again = refresh.refresh(wheel_options(upstream, data), env, lambda message: None)
+    assert again.up_to_date and snapshot(data) == before
+    assert upstream.paths() and not [p for p in upstream.paths() if p.endswith(".metadata")]
+
+
+def test_wheels_source_is_guarded_against_shrinking(upstream: Upstream, data: Path,
+                                                   env: dict[str, str]) -> None:
+    record_index(upstream)
+    with_torch_98(data, keep_wheel_rows=None)  # every recorded row: the index lists far fewer
+    before = snapshot(data)
+    with pytest.raises(DataError, match="refusing to shrink data by 99%: wheels gave 2 torch_wheels"):
+        refresh.refresh(wheel_options(upstream, data), env, lambda message: None)
+    assert snapshot(data) == before
+    refresh.refresh(wheel_options(upstream, data, allow_shrink=True), env, lambda message: None)
+    assert [(r["torch"], r["python"]) for r in rows(data, "torch_wheels")] == [
+        ("98.0.0", "3.11"), ("98.0.0", "3.12")]
+
+
+def test_wheels_source_is_named_not_part_of_all(upstream: Upstream, data: Path, env: dict[str, str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from envbuild.commands.refresh import add_refresh_arguments, options_from_args
+
+    def chosen(*sources: str) -> tuple[str, ...]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--matrices")
+        add_refresh_arguments(parser)
+        args = parser.parse_args(["--matrices", str(data), *[f"--source={s}" for s in sources]])
+        return options_from_args(args, env).sources
+
+    assert chosen() == chosen("all") == refresh.SOURCES
+    assert "wheels" not in refresh.SOURCES
+    assert chosen("wheels", "pypi") == ("pypi", "wheels")  # the order the data needs
+    assert chosen("all", "wheels") == ("nvidia", "pypi", "wheels", "pytorch", "tags")
+
+    record_index(upstream)
+    with_torch_98(data)
+    argv_wheels = ["--matrices", str(data), "matrix", "refresh", "--source", "wheels",
+                   "--index-url", f"{upstream.base}/simple/"]
+    assert cli.main(argv_wheels, env) == 0
+    assert "wrote torch_wheels" in capsys.readouterr().out
+
+
+def test_warnings_carry_one_prefix(upstream: Upstream, data: Path, env: dict[str, str],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    upstream.serve("/whl/cu999/torch/", (FIXTURES / "whl_other_torch.html").read_bytes())
+    with_torch_98(data)
+    assert cli.main(argv(upstream, data, "--dry-run"), env) == 0
+    err = capsys.readouterr().err.splitlines()
+    warnings = [line for line in err if "warning" in line]
+    assert warnings == ["envbuild: warning: pytorch cu999: skipped, CUDA 99.9 is not in "
+                        "cuda_toolkits.yaml (refresh the nvidia source first)"]
+    assert "refreshing from pytorch" in err  # progress is printed as it is
+
+    log: list[str] = []
+    refresh.refresh(options(upstream, data, sources=("pytorch",)), env, log.append)
+    assert any(line.startswith("warning: pytorch cu999: skipped") for line in log)

@@ -110,8 +110,8 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
     s.set_defaults(run=cmd_matrix_show)
     r = sub.add_parser("refresh", help="update the data from upstream (all or nothing; exit 4 on "
                                        "any failure)")
-    if refresh:  # envbuild.refresh (dataclasses, hashlib, shutil …) only for its own command
-        from envbuild.upstream.refresh import add_refresh_arguments
+    if refresh:  # the refresh modules (dataclasses, hashlib, shutil …) only for its own command
+        from envbuild.commands.refresh import add_refresh_arguments
         add_refresh_arguments(r)
 
 

@@ -159,11 +159,11 @@ def write_manifest(directory: Path) -> Path:
     """Record each data file's sha256 so corruption is caught at load (atomic write)."""
     import json
 
+    from envbuild.fs import write_file
+
     body = json.dumps({"files": file_hashes(directory)}, indent=2, sort_keys=True) + "\n"
     target = directory / MANIFEST
-    tmp = target.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
-    tmp.write_text(body, encoding="utf-8")
-    os.replace(tmp, target)
+    write_file(target, body.encode("utf-8"))
     return target
 
 
@@ -231,11 +231,12 @@ def _write_json_cache(
         return
     import json
 
+    from envbuild.fs import write_file
+
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        target = cache_dir / f"matrices-{digest}.json"
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "relations": relations}))
-        os.replace(tmp, target)
+        body = json.dumps({"format": CACHE_FORMAT, "relations": relations}).encode()
+        # Not synced: a cache lost in a crash is rebuilt from the data.
+        write_file(cache_dir / f"matrices-{digest}.json", body, sync=False)
     except OSError:
         pass  # a cache is an optimisation; an unwritable home must not fail a resolve

@@ -2,7 +2,7 @@
 
 Each source reads documents through a ``Fetch`` (retries, ETag cache, offline mode)
 and turns them into rows of the existing relations, each row carrying its provenance.
-Sources never write files: ``envbuild.refresh`` merges, validates and writes.
+Sources never write files: ``envbuild.upstream.refresh`` merges, validates and writes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envbuild.upstream.pypi import Reply
+from envbuild.upstream.http_client import Reply
 
 Row = dict[str, Any]
 Log = Callable[[str], None]
@@ -36,13 +36,15 @@ class Fetch(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
-    """What a source may read: the fetcher, the data merged so far, today's date, the log."""
+    """What a source may read: the fetcher, the data merged so far, today's date, and where
+    to report: ``progress`` (what it is doing), ``warn`` (data it skipped), ``debug``."""
 
     fetch: Fetch
     existing: Mapping[str, tuple[Row, ...]]
     retrieved: str
     only: frozenset[str]
     progress: Log
+    warn: Log
     debug: Log
 
 

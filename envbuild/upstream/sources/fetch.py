@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from requests.structures import CaseInsensitiveDict
 
 from envbuild.errors import DataError
-from envbuild.upstream.pypi import IndexClient
+from envbuild.fs import write_file
+from envbuild.upstream.http_client import HttpClient
 from envbuild.upstream.sources import Document
 
 # Headers a source reads from a reply and the cache must keep with the body.
@@ -25,7 +24,7 @@ KEPT_HEADERS = ("Content-Type", "Link")
 
 
 class Fetcher:
-    def __init__(self, client: IndexClient | None, *, cache_dir: Path | None, offline: bool) -> None:
+    def __init__(self, client: HttpClient | None, *, cache_dir: Path | None, offline: bool) -> None:
         self.client = client
         self.cache_dir = cache_dir
         self.offline = offline
@@ -75,7 +74,7 @@ class Fetcher:
                             hint="run once without --offline to fill the cache")
         data = produce()
         if path is not None:
-            _write_atomic(path, data)
+            _write_cache(path, data)
         return data
 
     # --- cache files ----------------------------------------------------------------------
@@ -108,17 +107,15 @@ class Fetcher:
         headers = {k: document.headers[k] for k in KEPT_HEADERS if k in document.headers}
         meta = {"url": url, "final_url": document.url, "sha256": document.sha256,
                 "headers": {**headers, "ETag": etag}}
-        _write_atomic(body_path, document.body)
-        _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
+        _write_cache(body_path, document.body)
+        _write_cache(meta_path, json.dumps(meta, sort_keys=True).encode())
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """A cache write: best effort (an unwritable cache must not fail a refresh)."""
+def _write_cache(path: Path, data: bytes) -> None:
+    """A cache write: best effort (an unwritable cache must not fail a refresh), not synced
+    (a cache lost in a crash is refetched)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(temp, path)
+        write_file(path, data, sync=False)
     except OSError:
         pass

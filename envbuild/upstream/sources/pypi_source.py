@@ -1,7 +1,7 @@
 """The Python package index: torch_pypi and torch_companions rows from wheel METADATA.
 
 Pages come through the refresh fetcher (ETag cache); each wheel's METADATA through
-``envbuild.pypi`` (PEP 658 file or HTTP range requests, never the whole wheel) and is
+``envbuild.upstream.simple_api`` (PEP 658 file or HTTP range requests, never the whole wheel) and is
 cached for good, since a published wheel never changes. Rows carry ``pip-index:///``
 sources, relative to the configured index, so no file names the index's host.
 """
@@ -17,9 +17,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError
-from envbuild.upstream import pypi
-from envbuild.upstream.pypi import CompanionFact, CompanionRow, MetadataRead, TorchWheelFact, WheelFile
+from envbuild.upstream import simple_api, torch_facts
+from envbuild.upstream.simple_api import IndexClient, MetadataRead, WheelFile
 from envbuild.upstream.sources import Context, Fetch, Row, SourceResult, with_digest
+from envbuild.upstream.torch_facts import CompanionFact, CompanionRow, PypiFacts, TorchWheelFact
 
 PREFIX = "pip-index:///"
 PROJECTS = frozenset({"torch", "torchvision", "torchaudio"})
@@ -28,7 +29,7 @@ PROJECTS = frozenset({"torch", "torchvision", "torchaudio"})
 class CachedIndex:
     """An ``IndexReader`` that reads pages through the fetcher and caches METADATA."""
 
-    def __init__(self, client: pypi.IndexClient | None, fetch: Fetch, index: str) -> None:
+    def __init__(self, client: IndexClient | None, fetch: Fetch, index: str) -> None:
         self.client = client
         self.fetch = fetch
         self.index = index.rstrip("/") + "/"
@@ -36,8 +37,8 @@ class CachedIndex:
 
     def list_wheels(self, project: str) -> tuple[WheelFile, ...]:
         name = canonicalize_name(project)
-        page = self.fetch.document(f"{self.index}{name}/", headers={"Accept": pypi.SIMPLE_JSON})
-        return pypi.parse_simple_page(page.body, page_url=page.url, project=name)
+        page = self.fetch.document(f"{self.index}{name}/", headers={"Accept": simple_api.SIMPLE_JSON})
+        return simple_api.parse_simple_page(page.body, page_url=page.url, project=name)
 
     def wheel_metadata(self, wheel: WheelFile) -> MetadataRead:
         fresh: list[MetadataRead] = []
@@ -63,13 +64,13 @@ class CachedIndex:
 class PypiSource:
     name: str = "pypi"
     projects: frozenset[str] = PROJECTS
-    client: pypi.IndexClient | None = None
+    client: IndexClient | None = None
     index: str = ""
 
     def collect(self, context: Context) -> SourceResult:
         reader = CachedIndex(self.client, context.fetch, self.index)
         only = context.only & PROJECTS or PROJECTS
-        torch = pypi.torch_facts(reader, progress=context.progress)
+        torch = torch_facts.torch_facts(reader, progress=context.progress)
         if not torch:
             raise DataError("the package index lists no torch release >= 1.13.0",
                             hint="check the index URL")
@@ -77,9 +78,8 @@ class PypiSource:
         if {"torchvision", "torchaudio"} & only:
             vision = _companions(reader, "torchvision", only, context)
             audio = _companions(reader, "torchaudio", only, context)
-            table = pypi.companions_table([f.torch for f in torch], vision, audio)
-            facts = pypi.PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table,
-                                   bytes_transferred=0, requests_made=0)
+            table = torch_facts.companions_table([f.torch for f in torch], vision, audio)
+            facts = PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table)
             documents = build_documents(facts, context.retrieved, reader.digests)
             rows["torch_companions"] = tuple(documents["torch_companions"]["rows"])
         else:
@@ -92,10 +92,10 @@ class PypiSource:
 
 def _companions(reader: CachedIndex, project: str, only: frozenset[str],
                 context: Context) -> tuple[CompanionFact, ...]:
-    return pypi.companion_facts(reader, project, progress=context.progress) if project in only else ()
+    return torch_facts.companion_facts(reader, project, progress=context.progress) if project in only else ()
 
 
-def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[Row, ...]]) -> pypi.PypiFacts:
+def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[Row, ...]]) -> PypiFacts:
     """Facts for ``--only torch``: companions are taken from the rows already recorded."""
     recorded = {str(r["torch"]): r for r in existing.get("torch_pypi", ())}
 
@@ -107,8 +107,7 @@ def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[
 
     table = tuple(CompanionRow(torch=f.torch, torchvision=known(f.torch, "torchvision"),
                                torchaudio=known(f.torch, "torchaudio")) for f in torch)
-    return pypi.PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table,
-                          bytes_transferred=0, requests_made=0)
+    return PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table)
 
 
 COMPANION_NOTES = ("no torchvision", "no torchaudio", "torchvision releases", "torchaudio releases")
@@ -123,7 +122,7 @@ def _keep_companion_notes(rows: list[Row], existing: Mapping[str, tuple[Row, ...
             row["note"] = "; ".join([*([row["note"]] if "note" in row else []), *kept])
 
 
-# --- rows (shared with bin/update_pypi_facts.py) -------------------------------------------
+# --- rows ---------------------------------------------------------------------------------------
 
 TORCH_PYPI_DESCRIPTION = (
     "The default torch wheel for Linux x86_64 on the Python package index, per final "
@@ -209,7 +208,7 @@ def _version(fact: CompanionFact | None) -> str | None:
     return fact.version if fact else None
 
 
-def unpinned_notes(facts: pypi.PypiFacts) -> dict[str, list[str]]:
+def unpinned_notes(facts: PypiFacts) -> dict[str, list[str]]:
     """torch version → notes on companions that require torch without pinning it."""
     notes: dict[str, list[str]] = {}
     for row in facts.companions:
@@ -220,7 +219,7 @@ def unpinned_notes(facts: pypi.PypiFacts) -> dict[str, list[str]]:
     return notes
 
 
-def _loose_companions(facts: pypi.PypiFacts, project: str) -> str:
+def _loose_companions(facts: PypiFacts, project: str) -> str:
     releases = facts.torchvision if project == "torchvision" else facts.torchaudio
     loose = [f for f in releases if f.torch is None]
     if not loose:
@@ -233,7 +232,7 @@ def _requirement(fact: CompanionFact) -> str:
     return f"torch{fact.torch_requirement}" if fact.torch_requirement else "no torch requirement"
 
 
-def build_documents(facts: pypi.PypiFacts, retrieved: str,
+def build_documents(facts: PypiFacts, retrieved: str,
                     digests: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     companions = {row.torch: row for row in facts.companions}
     extra = unpinned_notes(facts)

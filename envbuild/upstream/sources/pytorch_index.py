@@ -19,8 +19,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import DataError
-from envbuild.upstream.pypi import FIRST_TORCH, LINUX_X86_64
 from envbuild.upstream.sources import Context, Log, Row, SourceResult, cuda_minors, with_digest
+from envbuild.upstream.torch_facts import FIRST_TORCH, LINUX_X86_64
 
 DEFAULT_URL = "https://download.pytorch.org/whl/"
 VARIANT = re.compile(r"cpu|cu\d{3,4}")
@@ -115,7 +115,7 @@ class PytorchIndexSource:
         context.progress(f"pytorch {variant}: {len(releases)} releases")
         cuda = cuda_of(variant)
         if cuda is not None and cuda not in minors:
-            context.progress(f"pytorch {variant}: skipped, CUDA {cuda} is not in cuda_toolkits.yaml "
+            context.warn(f"pytorch {variant}: skipped, CUDA {cuda} is not in cuda_toolkits.yaml "
                              "(refresh the nvidia source first)")
             return []
         source = with_digest(page.url, page.sha256)

@@ -1,7 +1,7 @@
 """Write a relation file back: appended rows keep the file's bytes, otherwise one clean dump.
 
-Versions, dates and specifiers are always double-quoted (as in the generated files), so
-YAML never reads ``3.10`` as a float or a date as a date.
+Versions (3.13t too), dates and specifiers are always double-quoted (as in the generated
+files), so YAML never reads ``3.10`` as a float or a date as a date.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-_QUOTE = re.compile(r"[\d.]+|[<>=!~].*|\d{4}-\d{2}-\d{2}")
+_QUOTE = re.compile(r"[\d.]+t?|[<>=!~].*|\d{4}-\d{2}-\d{2}")  # 3.13t: a free-threaded CPython
 _BLOCK_ROWS = re.compile(r"^rows:[ \t]*$", re.MULTILINE)
 
 
@@ -40,7 +40,8 @@ def render_document(document: Mapping[str, Any], rows: Sequence[Mapping[str, Any
     text = str(document["_text"])
     old = document["rows"]
     keys = [k for k in document if k != "_text"]
-    appended = len(rows) >= len(old) and all(a is b for a, b in zip(old, rows, strict=False))
+    # An empty list is written "[]" (perhaps on the line after "rows:"): never append to it.
+    appended = 0 < len(old) <= len(rows) and all(a is b for a, b in zip(old, rows, strict=False))
     if appended and keys[-1:] == ["rows"] and _BLOCK_ROWS.search(text) and text.endswith("\n"):
         return (text + dump([dict(r) for r in rows[len(old):]])).encode()
     lines = text.splitlines(keepends=True)

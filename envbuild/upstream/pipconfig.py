@@ -1,0 +1,95 @@
+"""Which Python package index to read, as pip would: flag, environment, pip's configuration,
+pip's default; and what to verify its TLS against."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from envbuild.errors import DataError
+
+PIP_CONFIG_TIMEOUT_S = 15.0
+
+
+def index_url(flag: str | None, env: Mapping[str, str]) -> str:
+    """The index to read: ``flag``, then PIP_INDEX_URL, then pip's config, then pip's default."""
+    candidates: Sequence[tuple[str, Callable[[], str | None]]] = (
+        ("--index-url", lambda: flag),
+        ("PIP_INDEX_URL", lambda: env.get("PIP_INDEX_URL")),
+        ("pip configuration", lambda: pip_config_index_url(env)),
+        ("pip's default", pip_default_index_url),
+    )
+    for origin, candidate in candidates:
+        url = (candidate() or "").strip()
+        if url:
+            return _checked_index_url(url, origin)
+    raise DataError(
+        "no Python package index configured",
+        hint="pass --index-url or set PIP_INDEX_URL",
+    )
+
+
+def _checked_index_url(url: str, origin: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DataError(
+            f"index URL {url!r} from {origin} is not an http(s) URL",
+            hint="the JSON simple API needs an http(s) index",
+        )
+    return url
+
+
+def pip_config_index_url(env: Mapping[str, str]) -> str | None:
+    """``index-url`` from pip's configuration files, as pip itself merges them; None if unknown."""
+    command = [sys.executable, "-m", "pip", "config", "list"]
+    try:
+        done = subprocess.run(
+            command,
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=PIP_CONFIG_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    values = parse_pip_config_list(done.stdout)
+    # pip install reads the [install] section over [global]; do the same.
+    return values.get("install.index-url") or values.get("global.index-url")
+
+
+def parse_pip_config_list(text: str) -> dict[str, str]:
+    """Parse ``pip config list`` output: one ``key='value'`` per line (value is a repr)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep:
+            continue
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(value, str):
+            values[key.strip()] = value
+    return values
+
+
+def pip_default_index_url() -> str | None:
+    """The index pip uses when nothing is configured, read from pip itself (not an API)."""
+    try:
+        module = importlib.import_module("pip._internal.models.index")
+        url = module.PyPI.simple_url
+    except Exception:  # pip's internals may move or be absent: "unknown", not a crash
+        return None
+    return url if isinstance(url, str) else None
+
+
+def tls_verify(env: Mapping[str, str]) -> str | bool:
+    """What to verify TLS against: PIP_CERT, then REQUESTS_CA_BUNDLE, else the default store."""
+    return env.get("PIP_CERT") or env.get("REQUESTS_CA_BUNDLE") or True
