@@ -34,6 +34,7 @@ from envbuild.render.lock import (
     read_lock,
 )
 from envbuild.resolver.resolve import Stack
+from envbuild.smoke.bundle import payload as smoke_payload
 
 if TYPE_CHECKING:
     import jinja2
@@ -281,7 +282,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
                 peaks=peaks is not None))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = lock.to_json().encode("utf-8")
-    files["smoke.py"] = (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
+    files["smoke.py"] = smoke_payload()
     if peaks is not None:
         files[PEAKS_NAME] = peaks
     for wheel in options.wheelhouse:

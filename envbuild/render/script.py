@@ -103,7 +103,9 @@ def context(lock: Lock) -> dict[str, Any]:
 
 
 def _smoke() -> bytes:
-    return (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
+    from envbuild.smoke.bundle import payload
+
+    return payload()
 
 
 def render_script(lock: Lock) -> dict[str, bytes]:
