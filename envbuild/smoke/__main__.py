@@ -2,6 +2,12 @@
 
 The only module of the payload that parses arguments; ``envbuild smoke`` calls ``main``
 in-process, the zipapp's entry calls it in an image or on a host.
+
+The single file once dropped its own folder from ``sys.path`` before importing, because
+a sibling named like a standard module (envbuild/selectors.py once was) shadowed it.
+No guard is needed now: run as the zipapp, ``sys.path[0]`` is the archive, which holds
+only ``__main__.py`` and the ``envbuild_smoke`` package, and every module of the package
+is reached by its package name (relative imports), never as a top-level name.
 """
 
 from __future__ import annotations
