@@ -289,6 +289,44 @@ def test_peaks_table_found_beside_the_zipapp(zipapp: Path) -> None:
     assert done.stdout.strip() == str(zipapp.parent / "smoke_peaks.json"), done.stderr
 
 
+# --------------------------------------------------------------------------- shared rules
+
+
+def test_rules_import_nothing_heavy() -> None:
+    """The host side imports rules on `envbuild resolve`'s start-up path."""
+    probe = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); before = set(sys.modules); "
+             "import envbuild.smoke.rules; "
+             "print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert set(done.stdout.split()) <= {"__future__", "envbuild", "envbuild.smoke", "envbuild.smoke.rules"}
+
+
+@pytest.mark.parametrize(("text", "wheel", "selector"), [
+    ("cu124", True, True), ("cu90", False, False), ("cu12345", False, False), ("cpu", True, True),
+    ("default", False, True), ("cu１２４", False, False), ("rocm6.1", False, False), ("", False, False),
+])
+def test_variant_grammar(text: str, wheel: bool, selector: bool) -> None:
+    assert rules.is_wheel_variant(text) is wheel
+    assert rules.is_variant_selector(text) is selector
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("3.11", True), ("3.8", True), ("3.13t", True), ("3.", False), ("3.100", False), ("2.7", False),
+    ("3.11.4", False), ("3.t", False),
+])
+def test_python_version_grammar(text: str, ok: bool) -> None:
+    assert rules.is_python_version(text) is ok
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("sm_90", True), ("sm_100a", True), ("sm_120f", True), ("sm_120+PTX", True), ("compute_90", True),
+    ("compute_90+PTX", False), ("sm_9", False), ("sm_1000", False), ("sm_90x", False), ("90", False),
+])
+def test_arch_grammar(text: str, ok: bool) -> None:
+    assert rules.is_arch(text) is ok
+
+
 # --------------------------------------------------------------------------- arch coverage
 
 

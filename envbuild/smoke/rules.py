@@ -49,6 +49,8 @@ def _ascii_digits(text: str, low: int, high: int) -> bool:
 
 def is_wheel_variant(text: str) -> bool:
     """A wheel's CUDA variant as the index names it: ``cpu`` or ``cu`` + 3-4 digits."""
+    if not isinstance(text, str):
+        return False
     return text == "cpu" or (text.startswith("cu") and _ascii_digits(text[2:], 3, 4))
 
 
@@ -59,7 +61,7 @@ def is_variant_selector(text: str) -> bool:
 
 def is_python_version(text: str) -> bool:
     """A CPython minor version: ``3.11``, or ``3.13t`` for a free-threaded build."""
-    if not text.startswith("3."):
+    if not isinstance(text, str) or not text.startswith("3."):
         return False
     digits = text[2:-1] if text.endswith("t") else text[2:]
     return _ascii_digits(digits, 1, 2)
@@ -67,7 +69,7 @@ def is_python_version(text: str) -> bool:
 
 def is_arch(text: str) -> bool:
     """An arch-list entry: ``sm_90``, ``sm_100a``, ``sm_120f``, ``sm_90+PTX`` or ``compute_90``."""
-    return parse_arch_entry(text) is not None
+    return isinstance(text, str) and parse_arch_entry(text) is not None
 
 
 # --------------------------------------------------------------------------- arch coverage

@@ -21,6 +21,7 @@ from .probes import (
     usable_cpus,
 )
 from .report import Outcome, fail, ok, skip, warn
+from .rules import is_wheel_variant
 from .runner import Run
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
@@ -129,7 +130,7 @@ def _check_cuda_build(run: Run) -> Outcome:
 def cpu_only_hint(version: str, variant: str, env: Mapping[str, str]) -> str:
     """Name the index that has the CUDA wheel, and where the CPU one likely came from."""
     base = version.split("+")[0]
-    if variant and variant != "cpu":
+    if is_wheel_variant(variant) and variant != "cpu":  # not "default": PyPI's wheel has no index of its own
         index = "%s/%s" % (PYTORCH_INDEX, variant)
         hint = "install the CUDA build: pip install torch==%s --index-url %s" % (base, index)
     else:
