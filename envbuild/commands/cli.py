@@ -194,6 +194,7 @@ def cmd_resolve(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
 
 def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
     from envbuild.host import probe as host
+    from envbuild.host import report as host_report
 
     if args.from_file:
         try:
@@ -204,7 +205,7 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[
         facts = host.parse_saved(text)
     else:
         facts = host.probe_host(env)
-    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
+    out(json.dumps(host_report.to_json(facts), indent=2) if args.json else host_report.format_human(facts))
     return 0
 
 
