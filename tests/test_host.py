@@ -610,3 +610,18 @@ def test_human_report_warns_about_small_shm() -> None:
     assert "Ubuntu 22.04.4 LTS" in text
     assert "small" in text and "--shm-size" in text
     assert "No NVIDIA" not in text
+
+
+@pytest.mark.parametrize("path", [FIXTURES / "h100x8_table_topo.txt",
+                                  FIXTURES.parent / "smoke" / "topo-4gpu-pcie-2socket.txt"],
+                         ids=lambda p: p.name)
+def test_detect_and_the_smoke_test_read_topo_alike(path: Path) -> None:
+    from envbuild.smoke.nvsmi import parse_topo
+
+    text = path.read_text(encoding="utf-8")
+    matrix = nvidia_smi.parse_topology(text)
+    smoke = parse_topo(text)
+    assert matrix is not None and smoke.gpus
+    for gpu in smoke.gpus:
+        gpu_links = {k: v for k, v in matrix[gpu].items() if k.startswith("GPU")}
+        assert gpu_links == {k: v for k, v in smoke.links[gpu].items() if k != gpu}

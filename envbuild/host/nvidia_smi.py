@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from envbuild.host.facts import GpuFacts, HostFacts, leading_int, mig_mode_of
-from envbuild.smoke.rules import parse_smi_list, smi_value
+from envbuild.smoke.rules import parse_smi_list, parse_topo_rows, smi_value
 
 # compute_cap is missing from older nvidia-smi; the fallback query drops it.
 QUERY_FIELDS = (
@@ -134,41 +134,9 @@ def _csv_gpu(row: Mapping[str, str], position: int) -> GpuFacts:
     )
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
 def parse_topology(text: str) -> dict[str, dict[str, str]] | None:
     """``nvidia-smi topo -m``: {"GPU0": {"GPU1": "NV18", "NIC0": "PIX"}, ...}, self omitted."""
-    lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    for i, line in enumerate(lines):
-        tokens = line.split()
-        # The header names the devices; a row starts with one and holds its own "X".
-        if tokens[:1] == ["GPU0"] and "X" not in tokens:
-            columns = _topology_columns(tokens)
-            return _topology_rows(lines[i + 1 :], columns) or None
-    return None
-
-
-def _topology_columns(tokens: Sequence[str]) -> list[str]:
-    columns: list[str] = []
-    for token in tokens:
-        if token in ("CPU", "NUMA"):  # "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"
-            break
-        columns.append(token)
-    return columns
-
-
-def _topology_rows(lines: Iterable[str], columns: Sequence[str]) -> dict[str, dict[str, str]]:
-    matrix: dict[str, dict[str, str]] = {}
-    for line in lines:
-        tokens = line.split()
-        if not tokens or tokens[0] not in columns:
-            if matrix:
-                break  # the matrix ended (a blank line, then the legend)
-            continue
-        cells = tokens[1 : 1 + len(columns)]
-        if len(cells) == len(columns):
-            matrix[tokens[0]] = {
-                c: v for c, v in zip(columns, cells, strict=True) if c != tokens[0]
-            }
-    return matrix
+    columns, rows = parse_topo_rows(text)
+    matrix = {label: {c: v for c, v in zip(columns, cells[: len(columns)], strict=True) if c != label}
+              for label, cells in rows if len(cells) >= len(columns)}
+    return matrix or None

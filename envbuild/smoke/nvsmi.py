@@ -8,7 +8,7 @@ import dataclasses
 import re
 from typing import Any, Sequence
 
-from .rules import smi_value
+from .rules import parse_topo_rows, smi_value
 
 # NVML clock event ("throttle") reason bits.
 # source: https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksThrottleReasons.html
@@ -63,35 +63,21 @@ def parse_int(text: str | None) -> int | None:
         return None
 
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _GPU_LABEL_RE = re.compile(r"^GPU\d+$")
 
 
 def parse_topo(text: str) -> Topology:
     """Parse ``nvidia-smi topo -m``: the GPU x GPU link matrix and each GPU's CPU affinity."""
-    lines = [_ANSI_RE.sub("", line) for line in text.splitlines()]
-    header: list[str] | None = None
+    columns, rows = parse_topo_rows(text)
     links: dict[str, dict[str, str]] = {}
     affinity: dict[str, str] = {}
-    for line in lines:
-        if line.strip().startswith("Legend"):
-            break
-        tokens = line.split()
-        if not tokens:
-            continue
-        if header is None:
-            if _GPU_LABEL_RE.match(tokens[0]) and line[:1] in ("\t", " "):
-                # Device columns (GPUs, then NICs/HCAs) come before "CPU Affinity".
-                end = tokens.index("CPU") if "CPU" in tokens else len(tokens)
-                header = tokens[:end]
-            continue
-        if not _GPU_LABEL_RE.match(tokens[0]):
-            continue
-        cells = tokens[1 : 1 + len(header)]
-        links[tokens[0]] = {col: cell for col, cell in zip(header, cells) if _GPU_LABEL_RE.match(col)}
-        rest = tokens[1 + len(header) :]
+    for label, cells in rows:
+        if not _GPU_LABEL_RE.match(label):
+            continue  # a NIC's row
+        links[label] = {col: cell for col, cell in zip(columns, cells) if _GPU_LABEL_RE.match(col)}
+        rest = cells[len(columns) :]
         if rest:
-            affinity[tokens[0]] = rest[0]
+            affinity[label] = rest[0]
     gpus = tuple(sorted(links, key=lambda g: int(g[3:])))
     return Topology(gpus=gpus, links=links, cpu_affinity=affinity)
 

@@ -194,3 +194,32 @@ def parse_smi_list(text: str) -> list[dict[str, Any]]:
             gpus[-1]["mig"].append({"profile": mig.group(1), "device": int(mig.group(2)),
                                     "uuid": mig.group(3)})
     return gpus
+
+
+def parse_topo_rows(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """``nvidia-smi topo -m``: the device columns (GPUs, then NICs) and each device's row,
+    its label and cells: the link to every column ("X" to itself), then its CPU affinity,
+    NUMA affinity and so on. ([], []) when ``text`` holds no matrix."""
+    ansi = _compiled(r"\x1b\[[0-9;]*m")  # some drivers underline the header
+    gpu = _compiled(r"GPU\d+")
+    lines = [ansi.sub("", line) for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        # The header names the devices; a row starts with one and holds its own "X".
+        if not tokens or gpu.fullmatch(tokens[0]) is None or "X" in tokens:
+            continue
+        columns: list[str] = []
+        for token in tokens:
+            if token in ("CPU", "NUMA"):  # "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"
+                break
+            columns.append(token)
+        rows: list[tuple[str, list[str]]] = []
+        for row in lines[i + 1 :]:
+            cells = row.split()
+            if not cells or cells[0] not in columns:
+                if rows:
+                    break  # the matrix ended (a blank line, then the legend)
+                continue
+            rows.append((cells[0], cells[1:]))
+        return columns, rows
+    return [], []
