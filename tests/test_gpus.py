@@ -30,6 +30,13 @@ ROWS = [
         ("6.1", ["sm_75", "sm_80"], None),  # too old for the wheel
         ("3.7", ["sm_37", "sm_50"], "sass"),
         ("10.0", ["sm_100", "sm_120"], "sass"),
+        # The smoke test's rule, now the resolver's too:
+        ("8.7", ["sm_80"], None),  # an integrated GPU (Orin) runs no discrete GPU's SASS
+        ("11.0", ["sm_101"], "sass"),  # sm_101 was renamed 11.0 (Thor)
+        ("10.3", ["sm_100f"], "sass-compatible"),  # family-specific SASS runs across the family
+        ("10.3", ["sm_100a"], None),  # arch-specific SASS does not
+        ("10.3", ["compute_100f"], "ptx"),
+        ("9.0", ["sm_90a+PTX"], "sass"),
     ],
 )
 def test_coverage(cc: str, arch_list: list[str], expected: str | None) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from envbuild.errors import UsageError
-from envbuild.host import probe as host
-from envbuild.host.probe import GpuFacts, HostFacts
+from envbuild.host import nvidia_smi, os_facts, probe, report
+from envbuild.host.facts import GpuFacts, HostFacts
+from envbuild.smoke import rules
 
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 
@@ -70,7 +71,7 @@ SAVED = [
 
 @pytest.mark.parametrize("case", SAVED, ids=[c.file for c in SAVED])
 def test_parse_saved_fixture(case: Saved) -> None:
-    facts = host.parse_saved(fixture(case.file))
+    facts = probe.parse_saved(fixture(case.file))
     assert facts.driver_version == case.driver
     assert facts.driver_source == "file"
     assert facts.cuda_driver_version == case.cuda
@@ -84,7 +85,7 @@ def test_parse_saved_fixture(case: Saved) -> None:
 
 
 def test_mig_list_lines_carry_profiles_and_uuids() -> None:
-    gpu = host.parse_saved(fixture("a100_mig_q_and_list.txt")).gpus[0]
+    gpu = probe.parse_saved(fixture("a100_mig_q_and_list.txt")).gpus[0]
     assert gpu.uuid == "GPU-3f0b8c1e-6a2d-4e57-9b10-c4d2a7e95f61"
     assert [d.split()[1] for d in gpu.mig_devices] == ["3g.20gb", "2g.10gb", "1g.5gb"]
     assert all("(MIG-" in d for d in gpu.mig_devices)
@@ -92,7 +93,7 @@ def test_mig_list_lines_carry_profiles_and_uuids() -> None:
 
 def test_query_report_alone_lists_mig_instances() -> None:
     text = fixture("a100_mig_q_and_list.txt").split("GPU 0: NVIDIA")[0]
-    gpu = host.parse_saved(text).gpus[0]
+    gpu = probe.parse_saved(text).gpus[0]
     assert gpu.mig_devices == (
         "MIG device 0 (GI 1, CI 0)",
         "MIG device 1 (GI 5, CI 0)",
@@ -101,7 +102,7 @@ def test_query_report_alone_lists_mig_instances() -> None:
 
 
 def test_h100_topology_has_nvlink_between_every_gpu_pair() -> None:
-    topology = host.parse_saved(fixture("h100x8_table_topo.txt")).topology
+    topology = probe.parse_saved(fixture("h100x8_table_topo.txt")).topology
     assert topology is not None
     gpus = [f"GPU{i}" for i in range(8)]
     assert list(topology)[:8] == gpus
@@ -121,11 +122,11 @@ def test_topology_without_tabs_or_escape_codes() -> None:
         "GPU1    PHB      X      0-11            N/A\n"
         "\nLegend:\n\n  X    = Self\n"
     )
-    assert host.parse_topology(text) == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}}
+    assert nvidia_smi.parse_topology(text) == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}}
 
 
 def test_topology_absent() -> None:
-    assert host.parse_topology(fixture("rtx4090_table.txt")) is None
+    assert nvidia_smi.parse_topology(fixture("rtx4090_table.txt")) is None
 
 
 @pytest.mark.parametrize(
@@ -136,8 +137,8 @@ def test_topology_absent() -> None:
     ],
 )
 def test_proc_version_fixtures(file: str, version: str) -> None:
-    assert host.parse_proc_version(fixture(file)) == version
-    facts = host.parse_saved(fixture(file))
+    assert rules.parse_proc_driver_version(fixture(file)) == version
+    facts = probe.parse_saved(fixture(file))
     assert (facts.driver_version, facts.driver_source, facts.gpus) == (version, "file", ())
 
 
@@ -161,11 +162,11 @@ def test_proc_version_fixtures(file: str, version: str) -> None:
     ],
 )
 def test_proc_version_variants(banner: str, version: str | None) -> None:
-    assert host.parse_proc_version(banner) == version
+    assert rules.parse_proc_driver_version(banner) == version
 
 
 def test_mismatch_is_a_problem_with_a_reboot_hint() -> None:
-    facts = host.parse_saved(fixture("mismatch.txt"))
+    facts = probe.parse_saved(fixture("mismatch.txt"))
     assert facts.driver_version is None and facts.gpus == ()
     (problem,) = facts.problems
     assert problem.startswith(
@@ -173,17 +174,17 @@ def test_mismatch_is_a_problem_with_a_reboot_hint() -> None:
     )
     assert "NVML library version 550.127" in problem
     assert "reboot" in problem
-    assert "No working NVIDIA driver" in host.format_human(facts)
+    assert "No working NVIDIA driver" in report.format_human(facts)
 
 
 def test_mismatch_with_proc_names_the_loaded_kernel_module() -> None:
-    facts = host.parse_saved(fixture("mismatch.txt") + fixture("proc_version_proprietary.txt"))
+    facts = probe.parse_saved(fixture("mismatch.txt") + fixture("proc_version_proprietary.txt"))
     assert facts.driver_version == "550.54.15"
     assert len(facts.problems) == 1
 
 
 def test_driver_not_loaded_is_a_problem() -> None:
-    (problem,) = host.parse_saved(fixture("no_driver.txt")).problems
+    (problem,) = probe.parse_saved(fixture("no_driver.txt")).problems
     assert "couldn't communicate with the NVIDIA driver" in problem
     assert "not loaded" in problem
 
@@ -193,7 +194,7 @@ def test_csv_fills_compute_capability_into_the_table() -> None:
         "0, NVIDIA GeForce RTX 4090, GPU-1a2b3c4d-0000-4000-8000-000000000001, 8.9, 24564,"
         " [N/A], 550.54.15\n"
     )
-    facts = host.parse_saved(fixture("rtx4090_table.txt") + csv)
+    facts = probe.parse_saved(fixture("rtx4090_table.txt") + csv)
     (gpu,) = facts.gpus
     assert (gpu.compute_capability, gpu.uuid, gpu.memory_mib) == (
         "8.9",
@@ -205,20 +206,20 @@ def test_csv_fills_compute_capability_into_the_table() -> None:
 
 def test_xml_then_topology_in_one_file() -> None:
     topo = "\tGPU0\tGPU1\tCPU Affinity\n GPU0\t X \tNV12\t0-63\nGPU1\tNV12\t X \t0-63\n"
-    facts = host.parse_saved(fixture("a100x2_mig.xml") + topo)
+    facts = probe.parse_saved(fixture("a100x2_mig.xml") + topo)
     assert len(facts.gpus) == 2
     assert facts.topology == {"GPU0": {"GPU1": "NV12"}, "GPU1": {"GPU0": "NV12"}}
 
 
 def test_broken_xml_is_reported_not_raised() -> None:
-    facts = host.parse_saved("<nvidia_smi_log><gpu><product_name>x</gpu></nvidia_smi_log>")
+    facts = probe.parse_saved("<nvidia_smi_log><gpu><product_name>x</gpu></nvidia_smi_log>")
     assert facts.problems and "XML" in facts.problems[0]
 
 
 @pytest.mark.parametrize("text", ["", "hello world\n", "| just | a | table |\n", "1, 2, 3\n"])
 def test_unrecognised_saved_text_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError) as err:
-        host.parse_saved(text)
+        probe.parse_saved(text)
     assert err.value.exit_code == 2
 
 
@@ -228,7 +229,7 @@ def test_csv_skips_foreign_lines_and_placeholders() -> None:
         "0, Tesla V100-SXM2-16GB, GPU-00000000-0000-4000-8000-00000000000a, 16160,"
         " [Not Supported], 470.82.01\n"
     )
-    (gpu,) = host.parse_query_csv(text).gpus
+    (gpu,) = nvidia_smi.parse_query_csv(text).gpus
     assert (gpu.name, gpu.compute_capability, gpu.memory_mib, gpu.mig_mode) == (
         "Tesla V100-SXM2-16GB",
         None,
@@ -242,7 +243,7 @@ def test_os_release_parsing() -> None:
         '# comment\nNAME="Ubuntu"\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
         'ID=ubuntu\nID_LIKE=debian\nBROKEN="unterminated\nlowercase=ignored\n\n'
     )
-    assert host.parse_os_release(text) == {
+    assert os_facts.parse_os_release(text) == {
         "NAME": "Ubuntu",
         "VERSION_ID": "22.04",
         "PRETTY_NAME": "Ubuntu 22.04.4 LTS",
@@ -297,7 +298,7 @@ def make_root(tmp_path: Path, *, proc: str | None = None, shm: bool = True) -> P
 
 def test_no_gpu_host_says_so(tmp_path: Path) -> None:
     run = FakeRun({})
-    facts = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=None)
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=None)
     assert (facts.driver_version, facts.driver_source, facts.gpus, facts.problems) == (
         None,
         None,
@@ -307,12 +308,12 @@ def test_no_gpu_host_says_so(tmp_path: Path) -> None:
     assert facts.os_release["ID"] == "ubuntu"
     assert isinstance(facts.shm_bytes, int) and facts.shm_bytes > 0
     assert facts.cpu_count is None or facts.cpu_count >= 1
-    assert "No NVIDIA GPU/driver found" in host.format_human(facts)
+    assert "No NVIDIA GPU/driver found" in report.format_human(facts)
     assert ("nvidia-smi", "topo", "-m") not in run.calls
 
 
 def test_missing_dev_shm_is_unknown(tmp_path: Path) -> None:
-    facts = host.probe_host({}, run=FakeRun({}), root=make_root(tmp_path, shm=False), nvml=None)
+    facts = probe.probe_host({}, run=FakeRun({}), root=make_root(tmp_path, shm=False), nvml=None)
     assert facts.shm_bytes is None
 
 
@@ -325,14 +326,14 @@ def test_eight_gpus_through_nvidia_smi(tmp_path: Path) -> None:
     root = make_root(
         tmp_path, proc=fixture("proc_version_proprietary.txt").replace("550.54.15", "535.129.03")
     )
-    facts = host.probe_host({}, run=run, root=root, nvml=None)
+    facts = probe.probe_host({}, run=run, root=root, nvml=None)
     assert (facts.driver_version, facts.driver_source) == ("535.129.03", "nvidia-smi")
     assert facts.cuda_driver_version == "12.2"  # from the plain table's header
     assert [g.compute_capability for g in facts.gpus] == ["9.0"] * 8
     assert facts.topology is not None and facts.topology["GPU3"]["GPU6"] == "NV18"
     assert facts.problems == ()
     assert ("nvidia-smi", "-L") not in run.calls  # no MIG, no listing
-    assert "NV18 ×28" in host.format_human(facts)
+    assert "NV18 ×28" in report.format_human(facts)
 
 
 def test_old_nvidia_smi_without_compute_cap_falls_back(tmp_path: Path) -> None:
@@ -344,7 +345,7 @@ def test_old_nvidia_smi_without_compute_cap_falls_back(tmp_path: Path) -> None:
             ("nvidia-smi",): fixture("t4_table_470.txt"),
         }
     )
-    facts = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=None)
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=None)
     assert run.calls[:2] == [QUERY, FALLBACK]
     (gpu,) = facts.gpus
     assert (gpu.name, gpu.compute_capability, facts.cuda_driver_version) == (
@@ -364,7 +365,7 @@ def test_mig_enabled_asks_for_the_mig_listing(tmp_path: Path) -> None:
             ("nvidia-smi", "-L"): "GPU 0: " + listing,
         }
     )
-    (gpu,) = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=None).gpus
+    (gpu,) = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=None).gpus
     assert gpu.mig_mode == "Enabled" and len(gpu.mig_devices) == 3
     assert all("MIG-" in d for d in gpu.mig_devices)
 
@@ -372,7 +373,7 @@ def test_mig_enabled_asks_for_the_mig_listing(tmp_path: Path) -> None:
 def test_live_mismatch_uses_the_kernel_module_version(tmp_path: Path) -> None:
     run = FakeRun({QUERY: fixture("mismatch.txt")})
     root = make_root(tmp_path, proc=fixture("proc_version_proprietary.txt"))
-    facts = host.probe_host({}, run=run, root=root, nvml=None)
+    facts = probe.probe_host({}, run=run, root=root, nvml=None)
     assert (facts.driver_version, facts.driver_source) == ("550.54.15", "proc")
     assert len(facts.problems) == 1 and "version mismatch" in facts.problems[0]
     assert run.calls == [QUERY]  # the table, -L and topo would fail the same way
@@ -381,7 +382,7 @@ def test_live_mismatch_uses_the_kernel_module_version(tmp_path: Path) -> None:
 def test_kernel_and_user_space_versions_disagree(tmp_path: Path) -> None:
     run = FakeRun({QUERY: H100_CSV.splitlines()[0] + "\n"})
     root = make_root(tmp_path, proc=fixture("proc_version_proprietary.txt"))
-    facts = host.probe_host({}, run=run, root=root, nvml=None)
+    facts = probe.probe_host({}, run=run, root=root, nvml=None)
     assert facts.driver_version == "535.129.03"
     assert any("kernel module 550.54.15" in p for p in facts.problems)
 
@@ -389,7 +390,7 @@ def test_kernel_and_user_space_versions_disagree(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("value", "hidden"), [("", True), ("-1", True), ("0", False)])
 def test_cuda_visible_devices_hiding_every_gpu(tmp_path: Path, value: str, hidden: bool) -> None:
     run = FakeRun({QUERY: H100_CSV})
-    facts = host.probe_host(
+    facts = probe.probe_host(
         {"CUDA_VISIBLE_DEVICES": value}, run=run, root=make_root(tmp_path), nvml=None
     )
     assert any("CUDA_VISIBLE_DEVICES" in p for p in facts.problems) is hidden
@@ -410,7 +411,7 @@ class Memory:
 
 
 class FakeNvml:
-    """The slice of the pynvml API that host.py uses; GPU 1 is MIG-enabled."""
+    """The slice of the pynvml API that envbuild.host.nvml uses; GPU 1 is MIG-enabled."""
 
     NVML_DEVICE_MIG_ENABLE = 1
 
@@ -469,7 +470,7 @@ def test_nvml_probe(tmp_path: Path) -> None:
             "GPU0\t X \tNV12\t0-31\nGPU1\tNV12\t X \t0-31\n"
         }
     )
-    facts = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=nvml)
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=nvml)
     assert (facts.driver_version, facts.driver_source, facts.cuda_driver_version) == (
         "550.54.15",
         "nvml",
@@ -490,7 +491,7 @@ def test_nvml_probe(tmp_path: Path) -> None:
 
 def test_nvml_library_missing_falls_back_to_nvidia_smi(tmp_path: Path) -> None:
     run = FakeRun({QUERY: H100_CSV})
-    facts = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=FakeNvml(init_error=12))
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=FakeNvml(init_error=12))
     assert facts.driver_source == "nvidia-smi" and len(facts.gpus) == 8
     assert facts.problems == ()
 
@@ -498,7 +499,7 @@ def test_nvml_library_missing_falls_back_to_nvidia_smi(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("code", "words"), [(18, "version mismatch"), (9, "not loaded")])
 def test_nvml_init_failures_are_problems(tmp_path: Path, code: int, words: str) -> None:
     run = FakeRun({QUERY: H100_CSV})
-    facts = host.probe_host({}, run=run, root=make_root(tmp_path), nvml=FakeNvml(init_error=code))
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path), nvml=FakeNvml(init_error=code))
     assert facts.gpus == () and words in facts.problems[0].lower()
     assert run.calls == []  # nvidia-smi rides on the same broken NVML
 
@@ -526,20 +527,20 @@ def write_tool(directory: Path, body: str) -> None:
 )
 def test_runner_outputs(tmp_path: Path, body: str, expected: str | None) -> None:
     write_tool(tmp_path, body)
-    run = host.make_runner({"PATH": str(tmp_path)})
+    run = probe.make_runner({"PATH": str(tmp_path)})
     assert run(["nvidia-smi"]) == expected
 
 
 def test_runner_missing_binary_and_timeout(tmp_path: Path) -> None:
-    assert host.make_runner({"PATH": str(tmp_path)})(["nvidia-smi"]) is None
+    assert probe.make_runner({"PATH": str(tmp_path)})(["nvidia-smi"]) is None
     write_tool(tmp_path, "exec /bin/sleep 5\n")  # exec: no grandchild holding the pipe
-    assert host.make_runner({"PATH": str(tmp_path)}, timeout=0.3)(["nvidia-smi"]) is None
+    assert probe.make_runner({"PATH": str(tmp_path)}, timeout=0.3)(["nvidia-smi"]) is None
 
 
 def test_probe_host_default_runner_uses_env_path(tmp_path: Path) -> None:
     write_tool(tmp_path, f"cat <<'EOF'\n{H100_CSV}EOF\n")
     env = {"PATH": str(tmp_path) + os.pathsep + "/usr/bin:/bin"}
-    facts = host.probe_host(env, root=make_root(tmp_path), nvml=None)
+    facts = probe.probe_host(env, root=make_root(tmp_path), nvml=None)
     assert len(facts.gpus) == 8  # every call answers the CSV; the table parse finds nothing
 
 
@@ -570,7 +571,7 @@ GPU_KEYS = [
 
 @pytest.mark.parametrize("file", [c.file for c in SAVED] + ["mismatch.txt"])
 def test_json_keys_are_stable(file: str) -> None:
-    data = host.to_json(host.parse_saved(fixture(file)))
+    data = report.to_json(probe.parse_saved(fixture(file)))
     assert list(data) == TOP_KEYS
     assert data["schema_version"] == 1
     gpus: Any = data["gpus"]
@@ -579,7 +580,7 @@ def test_json_keys_are_stable(file: str) -> None:
 
 
 def test_json_of_an_empty_host() -> None:
-    assert host.to_json(HostFacts()) == {
+    assert report.to_json(HostFacts()) == {
         "schema_version": 1,
         "driver_version": None,
         "driver_source": None,
@@ -603,9 +604,24 @@ def test_human_report_warns_about_small_shm() -> None:
         cpu_count=8,
         shm_bytes=64 * 2**20,
     )
-    text = host.format_human(facts)
+    text = report.format_human(facts)
     assert "550.54.15 (from NVML); supports CUDA up to 12.4" in text
     assert "[0] NVIDIA L4: compute capability 8.9, 23034 MiB" in text
     assert "Ubuntu 22.04.4 LTS" in text
     assert "small" in text and "--shm-size" in text
     assert "No NVIDIA" not in text
+
+
+@pytest.mark.parametrize("path", [FIXTURES / "h100x8_table_topo.txt",
+                                  FIXTURES.parent / "smoke" / "topo-4gpu-pcie-2socket.txt"],
+                         ids=lambda p: p.name)
+def test_detect_and_the_smoke_test_read_topo_alike(path: Path) -> None:
+    from envbuild.smoke.nvsmi import parse_topo
+
+    text = path.read_text(encoding="utf-8")
+    matrix = nvidia_smi.parse_topology(text)
+    smoke = parse_topo(text)
+    assert matrix is not None and smoke.gpus
+    for gpu in smoke.gpus:
+        gpu_links = {k: v for k, v in matrix[gpu].items() if k.startswith("GPU")}
+        assert gpu_links == {k: v for k, v in smoke.links[gpu].items() if k != gpu}

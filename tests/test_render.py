@@ -20,6 +20,7 @@ from envbuild.render import lock as lockmod
 from envbuild.render.output import write_output
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
+from envbuild.smoke.bundle import payload
 
 GOLDEN = Path(__file__).parent / "golden"
 SHA = "0" * 64
@@ -106,7 +107,7 @@ def test_golden(name: str, matrix: matrixmod.Matrix, tmp_path: Path,
             (folder / f).write_bytes(files[f])
     for f in wanted:
         assert files[f] == (folder / f).read_bytes(), f"{name}/{f} differs; review, then --update-golden"
-    assert files["smoke.py"] == (Path(render.__file__).parents[1] / "smoke.py").read_bytes()
+    assert files["smoke.py"] == payload()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -28,6 +28,7 @@ from envbuild.render import lock as lockmod
 from envbuild.render import script
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
+from envbuild.smoke.bundle import payload
 
 GOLDEN = Path(__file__).parent / "golden" / "script"
 SHA = "0" * 64
@@ -103,7 +104,7 @@ def test_render_twice_and_from_lock_same_bytes(name: str, matrix: matrixmod.Matr
     assert script.render_script(case_lock(name, matrix)) == first
     assert script.render_script(lockmod.from_json(first["envbuild.lock"].decode())) == first
     assert sorted(first) == ["envbuild.lock", "install.sh", "smoke.py"]
-    assert first["smoke.py"] == (Path(script.__file__).parents[1] / "smoke.py").read_bytes()
+    assert first["smoke.py"] == payload()
 
 
 def scriptable_stacks(m: matrixmod.Matrix) -> list[tuple[str, lockmod.Lock]]:

@@ -4,20 +4,36 @@ logic against recorded real outputs. Nothing here pretends a GPU exists."""
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from envbuild import smoke
+from envbuild.smoke import __main__ as cli
+from envbuild.smoke import (
+    arch,
+    diagnose,
+    health,
+    lockfile,
+    numeric,
+    nvsmi,
+    rules,
+    runner,
+    t1_correctness,
+    t2_speed,
+)
+from envbuild.smoke import report as results
+from envbuild.smoke.bundle import PACKAGE, payload
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "envbuild" / "smoke.py"
+PACKAGE_DIR = ROOT / "envbuild" / "smoke"
 FIXTURES = Path(__file__).parent / "fixtures" / "smoke"
 
 
@@ -36,13 +52,22 @@ def find_python38() -> str | None:
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture(scope="module")
+def zipapp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The payload as images carry it: one file named smoke.py."""
+    path = tmp_path_factory.mktemp("payload") / "smoke.py"
+    path.write_bytes(payload())
+    return path
+
+
 def run_smoke_script(
+    zipapp: Path,
     *args: str, env: dict[str, str] | None = None, python: str = sys.executable
 ) -> subprocess.CompletedProcess[str]:
-    """Run smoke.py as the images do: a standalone script, from another directory."""
+    """Run the zipapp as the images do: ``python smoke.py``, from another directory."""
     full_env = dict(os.environ if env is None else env)
     return subprocess.run(
-        [python, str(SMOKE), *args],
+        [python, str(zipapp), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -60,8 +85,8 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def cpu_ok_report() -> dict[str, Any]:
-    proc = run_smoke_script("--cpu-ok", "--json", "--tier", "4")
+def cpu_ok_report(zipapp: Path) -> dict[str, Any]:
+    proc = run_smoke_script(zipapp, "--cpu-ok", "--json", "--tier", "4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report: dict[str, Any] = json.loads(proc.stdout)  # JSON only on stdout
     return report
@@ -97,16 +122,16 @@ def test_report_matches_schema(cpu_ok_report: dict[str, Any]) -> None:
         assert check["tier"] in range(5)
         if check["status"] != "pass":
             assert check["hint"], check  # a hint for every non-pass
-    counts = {s: sum(c["status"] == s for c in report["checks"]) for s in smoke.STATUSES}
+    counts = {s: sum(c["status"] == s for c in report["checks"]) for s in results.STATUSES}
     assert report["summary"] == counts
     assert report["torch"]["version"] == torch.__version__
     assert report["host"]["cpu_count"] == os.cpu_count()
 
 
-def test_plain_run_fails_exit_7_naming_cpu_only_torch() -> None:
+def test_plain_run_fails_exit_7_naming_cpu_only_torch(zipapp: Path) -> None:
     if torch.version.cuda is not None:
         pytest.skip("needs the CPU torch wheel")
-    proc = run_smoke_script("--tier", "1")
+    proc = run_smoke_script(zipapp, "--tier", "1")
     assert proc.returncode == 7, proc.stdout + proc.stderr
     assert "FAIL  torch.cuda_build" in proc.stdout
     assert "torch is CPU-only (torch.version.cuda=None)" in proc.stdout
@@ -114,9 +139,9 @@ def test_plain_run_fails_exit_7_naming_cpu_only_torch() -> None:
     assert "PASS  gpu.visible" not in proc.stdout
 
 
-def test_report_file_written_and_human_summary(tmp_path: Path) -> None:
+def test_report_file_written_and_human_summary(zipapp: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    proc = run_smoke_script("--cpu-ok", "--tier", "0", "--report", str(out))
+    proc = run_smoke_script(zipapp, "--cpu-ok", "--tier", "0", "--report", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pass," in proc.stdout and "exit 0" in proc.stdout
     report = json.loads(out.read_text())
@@ -133,10 +158,10 @@ def write_lock(path: Path, torch_version: str, cuda: str | None) -> None:
     path.write_text(json.dumps(lock))
 
 
-def test_lock_mismatch_detected_for_real(tmp_path: Path) -> None:
+def test_lock_mismatch_detected_for_real(zipapp: Path, tmp_path: Path) -> None:
     lock = tmp_path / "envbuild.lock"
     write_lock(lock, "2.4.0+cu124", "12.4")
-    proc = run_smoke_script("--cpu-ok", "--json", "--tier", "0", "--lock", str(lock))
+    proc = run_smoke_script(zipapp, "--cpu-ok", "--json", "--tier", "0", "--lock", str(lock))
     assert proc.returncode == 7
     check = by_name(json.loads(proc.stdout))["lock"]
     assert check["status"] == "fail"
@@ -146,60 +171,59 @@ def test_lock_mismatch_detected_for_real(tmp_path: Path) -> None:
         assert "cuda: lock 12.4, torch.version.cuda=None" in check["message"]
 
 
-def test_lock_match_passes(tmp_path: Path) -> None:
+def test_lock_match_passes(zipapp: Path, tmp_path: Path) -> None:
     lock = tmp_path / "envbuild.lock"
     write_lock(lock, torch.__version__, torch.version.cuda)
-    proc = run_smoke_script("--cpu-ok", "--json", "--tier", "0", "--lock", str(lock))
+    proc = run_smoke_script(zipapp, "--cpu-ok", "--json", "--tier", "0", "--lock", str(lock))
     assert proc.returncode == 0, proc.stdout
     assert by_name(json.loads(proc.stdout))["lock"]["status"] == "pass"
 
 
-def test_cpu_only_hint_names_the_variant_from_the_lock(tmp_path: Path) -> None:
+def test_cpu_only_hint_names_the_variant_from_the_lock(zipapp: Path, tmp_path: Path) -> None:
     if torch.version.cuda is not None:
         pytest.skip("needs the CPU torch wheel")
     lock = tmp_path / "envbuild.lock"
     write_lock(lock, torch.__version__, None)
-    proc = run_smoke_script("--json", "--tier", "0", "--lock", str(lock))
+    proc = run_smoke_script(zipapp, "--json", "--tier", "0", "--lock", str(lock))
     check = by_name(json.loads(proc.stdout))["torch.cuda_build"]
     assert check["status"] == "fail"
     assert "--index-url https://download.pytorch.org/whl/cu124" in check["hint"]
 
 
-def test_no_gpu_visible_never_passes_with_void_devices() -> None:
+def test_no_gpu_visible_never_passes_with_void_devices(zipapp: Path) -> None:
     env = dict(os.environ, NVIDIA_VISIBLE_DEVICES="void")
-    proc = run_smoke_script("--json", "--tier", "1", env=env)
+    proc = run_smoke_script(zipapp, "--json", "--tier", "1", env=env)
     report = json.loads(proc.stdout)
     assert proc.returncode in (7, 8)
     assert all(c["status"] != "pass" for c in report["checks"] if c["gpu"] and c["tier"] == 1)
 
 
 PY38_PROBE = """
-import importlib.util, pathlib, sys
-spec = importlib.util.spec_from_file_location("smoke38", {smoke!r})
-smoke = importlib.util.module_from_spec(spec)
-sys.modules["smoke38"] = smoke  # dataclasses look their module up there
-spec.loader.exec_module(smoke)
+import pathlib, sys
+sys.path.insert(0, {zipapp!r})  # the modules as shipped, from inside the archive
+from {package} import arch, diagnose, health, lockfile, nvsmi
 fixtures = pathlib.Path({fixtures!r})
-print(smoke.arch_coverage((8, 6), ["sm_80"]).how)
-print(smoke.parse_topo((fixtures / "topo-8gpu-nvlink.txt").read_text()).links["GPU0"]["GPU1"])
+print(arch.arch_coverage((8, 6), ["sm_80"]).how)
+print(nvsmi.parse_topo((fixtures / "topo-8gpu-nvlink.txt").read_text()).links["GPU0"]["GPU1"])
 lock = {{"schema": 1, "stack": {{"cuda": "12.4"}}, "packages": {{"torch": "2.4.0+cu124"}}}}
-print(len(smoke.diff_lock(lock, {{"torch": "2.4.0+cpu"}}, torch_cuda=None, python_version="3.8.18")))
-rows = smoke.parse_smi_csv((fixtures / "smi-query-2xh100.csv").read_text(), smoke.HEALTH_FIELDS)
-print(dict(smoke.evaluate_health(smoke.health_from_smi_rows(rows)[1]))["clocks"].status)
+print(len(lockfile.diff_lock(lock, {{"torch": "2.4.0+cpu"}}, torch_cuda=None, python_version="3.8.18")))
+rows = nvsmi.parse_smi_csv((fixtures / "smi-query-2xh100.csv").read_text(), health.HEALTH_FIELDS)
+print(dict(health.evaluate_health(health.health_from_smi_rows(rows)[1]))["clocks"].status)
 fwd = "Error 804: forward compatibility was attempted on non supported HW"
-print(smoke.classify_cuda_error(fwd).exit_code)
+print(diagnose.classify_cuda_error(fwd).exit_code)
 """
 
 
-def test_runs_on_python_38_without_torch() -> None:
+def test_runs_on_python_38_without_torch(zipapp: Path) -> None:
     python38 = find_python38()
     if python38 is None:
         pytest.skip("no Python 3.8 interpreter here")
-    proc = run_smoke_script("--json", "--tier", "4", python=python38, env={"PATH": os.environ["PATH"]})
+    proc = run_smoke_script(zipapp, "--json", "--tier", "4", python=python38,
+                            env={"PATH": os.environ["PATH"]})
     report = json.loads(proc.stdout)
     assert report["host"]["python"].startswith("3.8.")
     # The pure functions run on 3.8 too (no 3.9+ calls hiding in them).
-    probe = PY38_PROBE.format(smoke=str(SMOKE), fixtures=str(FIXTURES))
+    probe = PY38_PROBE.format(zipapp=str(zipapp), package=PACKAGE, fixtures=str(FIXTURES))
     done = subprocess.run([python38, "-c", probe], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["sass-compatible", "NV18", "2", "warn", "7"]
@@ -208,29 +232,99 @@ def test_runs_on_python_38_without_torch() -> None:
 
 
 def test_usage_error_is_exit_2() -> None:
-    assert smoke.main(["--tier", "9"]) == 2
+    assert cli.main(["--tier", "9"]) == 2
 
 
-# --------------------------------------------------------------------------- the file itself
+# --------------------------------------------------------------------------- the payload itself
 
 
-def test_file_is_python_38_syntax() -> None:
-    ast.parse(SMOKE.read_text(), feature_version=(3, 8))
+def package_modules() -> list[Path]:
+    return sorted(PACKAGE_DIR.glob("*.py"))
 
 
-def test_imports_only_stdlib_and_torch() -> None:
-    tree = ast.parse(SMOKE.read_text())
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.name)
+def test_module_is_python_38_syntax(path: Path) -> None:
+    ast.parse(path.read_text(), feature_version=(3, 8))
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.name)
+def test_imports_only_stdlib_torch_and_siblings(path: Path) -> None:
     modules: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             modules.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"
-            modules.add((node.module or "").split(".")[0])
+            if node.level == 0:
+                modules.add((node.module or "").split(".")[0])
+            else:
+                assert node.level == 1, "a sibling only: the package travels alone"
     assert "envbuild" not in modules
     third_party = modules - set(sys.stdlib_module_names) - {"__future__"}
     # torch, and pynvml only where importable (guarded).
     assert third_party <= {"torch", "pynvml"}, third_party
+
+
+def test_payload_is_deterministic_and_runs(zipapp: Path) -> None:
+    first = payload()
+    assert payload() == first == zipapp.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(first)) as archive:
+        infos = archive.infolist()
+    names = [i.filename for i in infos]
+    assert names == sorted(names) and names[0] == "__main__.py"
+    assert {n.rpartition("/")[2] for n in names[1:]} == {p.name for p in package_modules()}
+    assert {(i.date_time, i.external_attr >> 16, i.compress_type) for i in infos} == {
+        ((1980, 1, 1, 0, 0, 0), 0o100644, zipfile.ZIP_DEFLATED)
+    }
+    done = subprocess.run([sys.executable, str(zipapp), "--help"], capture_output=True, text=True,
+                          cwd="/", check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--tier" in done.stdout
+
+
+def test_peaks_table_found_beside_the_zipapp(zipapp: Path) -> None:
+    (zipapp.parent / "smoke_peaks.json").write_text('{"NVIDIA L4": {"fp32_tflops": 1.5}}')
+    probe = (f"import sys; sys.path.insert(0, {str(zipapp)!r}); from {PACKAGE}.t2_speed import load_peaks; "
+             "print(load_peaks(None)[1])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == str(zipapp.parent / "smoke_peaks.json"), done.stderr
+
+
+# --------------------------------------------------------------------------- shared rules
+
+
+def test_rules_import_nothing_heavy() -> None:
+    """The host side imports rules on `envbuild resolve`'s start-up path."""
+    probe = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); before = set(sys.modules); "
+             "import envbuild.smoke.rules; "
+             "print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert set(done.stdout.split()) <= {"__future__", "envbuild", "envbuild.smoke", "envbuild.smoke.rules"}
+
+
+@pytest.mark.parametrize(("text", "wheel", "selector"), [
+    ("cu124", True, True), ("cu90", False, False), ("cu12345", False, False), ("cpu", True, True),
+    ("default", False, True), ("cu１２４", False, False), ("rocm6.1", False, False), ("", False, False),
+])
+def test_variant_grammar(text: str, wheel: bool, selector: bool) -> None:
+    assert rules.is_wheel_variant(text) is wheel
+    assert rules.is_variant_selector(text) is selector
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("3.11", True), ("3.8", True), ("3.13t", True), ("3.", False), ("3.100", False), ("2.7", False),
+    ("3.11.4", False), ("3.t", False),
+])
+def test_python_version_grammar(text: str, ok: bool) -> None:
+    assert rules.is_python_version(text) is ok
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("sm_90", True), ("sm_100a", True), ("sm_120f", True), ("sm_120+PTX", True), ("compute_90", True),
+    ("compute_90+PTX", False), ("sm_9", False), ("sm_1000", False), ("sm_90x", False), ("90", False),
+])
+def test_arch_grammar(text: str, ok: bool) -> None:
+    assert rules.is_arch(text) is ok
 
 
 # --------------------------------------------------------------------------- arch coverage
@@ -257,7 +351,7 @@ ARCH_CASES = [
 
 @pytest.mark.parametrize(("cap", "archs", "covered", "how", "why"), ARCH_CASES)
 def test_arch_coverage(cap: tuple[int, int], archs: list[str], covered: bool, how: str, why: str) -> None:
-    result = smoke.arch_coverage(cap, archs)
+    result = arch.arch_coverage(cap, archs)
     assert (result.covered, result.how) == (covered, how), why
 
 
@@ -279,22 +373,22 @@ def real_arch_lists() -> dict[str, list[str]]:
     ],
 )
 def test_arch_coverage_on_real_lists(list_name: str, cap: tuple[int, int], covered: bool) -> None:
-    assert smoke.arch_coverage(cap, real_arch_lists()[list_name]).covered is covered
+    assert arch.arch_coverage(cap, real_arch_lists()[list_name]).covered is covered
 
 
 def test_arch_message_names_sm_and_list_and_direction() -> None:
     archs = real_arch_lists()["torch-cu12x-to-sm90"]
-    result = smoke.arch_coverage((12, 0), archs)
+    result = arch.arch_coverage((12, 0), archs)
     assert result.detail == "sm_120 not in torch arch list [{}]".format(" ".join(archs))
-    assert "newer CUDA variant" in smoke.arch_hint((12, 0), archs, "cu124")
-    assert "(this is cu124)" in smoke.arch_hint((12, 0), archs, "cu124")
-    assert "older CUDA variant" in smoke.arch_hint((7, 0), real_arch_lists()["torch-cu129-x86_64"])
+    assert "newer CUDA variant" in arch.arch_hint((12, 0), archs, "cu124")
+    assert "(this is cu124)" in arch.arch_hint((12, 0), archs, "cu124")
+    assert "older CUDA variant" in arch.arch_hint((7, 0), real_arch_lists()["torch-cu129-x86_64"])
 
 
 def test_parse_arch() -> None:
-    assert smoke.parse_arch("sm_100a") == smoke.ArchEntry("sm_100a", False, 10, 0, "a")
-    assert smoke.parse_arch("compute_86") == smoke.ArchEntry("compute_86", True, 8, 6, "")
-    assert smoke.parse_arch("sm_x") is None
+    assert arch.parse_arch("sm_100a") == arch.ArchEntry("sm_100a", False, 10, 0, "a")
+    assert arch.parse_arch("compute_86") == arch.ArchEntry("compute_86", True, 8, 6, "")
+    assert arch.parse_arch("sm_x") is None
 
 
 # --------------------------------------------------------------------------- error texts
@@ -307,7 +401,7 @@ def error_cases() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("case", error_cases(), ids=lambda c: c["kind"] + ":" + c["text"][:30])
 def test_classify_real_cuda_errors(case: dict[str, Any]) -> None:
-    got = smoke.classify_cuda_error(case["text"], torch_cuda="12.4", driver_version="470.86")
+    got = diagnose.classify_cuda_error(case["text"], torch_cuda="12.4", driver_version="470.86")
     assert got is not None
     assert (got.kind, got.exit_code) == (case["kind"], case["exit_code"])
     assert got.hint
@@ -315,7 +409,7 @@ def test_classify_real_cuda_errors(case: dict[str, Any]) -> None:
 
 def test_driver_too_old_names_both_versions() -> None:
     case = next(c for c in error_cases() if c.get("driver_cuda"))
-    got = smoke.classify_cuda_error(case["text"], torch_cuda="12.4", driver_version="470.86")
+    got = diagnose.classify_cuda_error(case["text"], torch_cuda="12.4", driver_version="470.86")
     assert got is not None
     assert got.message == (
         "driver 470.86 supports CUDA 11.4 but torch was built with CUDA 12.4 (driver too old)"
@@ -323,15 +417,15 @@ def test_driver_too_old_names_both_versions() -> None:
 
 
 def test_specific_messages_from_the_brief() -> None:
-    fwd = smoke.classify_cuda_error("Error 804: forward compatibility was attempted on non supported HW")
-    ptx = smoke.classify_cuda_error("the provided PTX was compiled with an unsupported toolchain.")
+    fwd = diagnose.classify_cuda_error("Error 804: forward compatibility was attempted on non supported HW")
+    ptx = diagnose.classify_cuda_error("the provided PTX was compiled with an unsupported toolchain.")
     assert fwd is not None and fwd.message.startswith("forward compatibility not supported")
     assert "remove cuda-compat" in fwd.hint
     assert ptx is not None and ptx.message.startswith("PTX compiled with newer toolkit than driver")
 
 
 def test_unknown_error_is_not_classified() -> None:
-    assert smoke.classify_cuda_error("ValueError: something unrelated") is None
+    assert diagnose.classify_cuda_error("ValueError: something unrelated") is None
 
 
 @pytest.mark.parametrize(
@@ -357,7 +451,7 @@ def test_unknown_error_is_not_classified() -> None:
 def test_diagnose_no_gpu(
     env: dict[str, str], nodes: list[str], container: bool, error: str | None, kind: str, needle: str
 ) -> None:
-    got = smoke.diagnose_no_gpu(env=env, dev_nodes=nodes, in_container=container, init_error=error)
+    got = diagnose.diagnose_no_gpu(env=env, dev_nodes=nodes, in_container=container, init_error=error)
     assert got.kind == kind
     assert needle in got.message
     if container and kind == "no-gpu-visible" and not nodes:
@@ -370,11 +464,11 @@ def test_diagnose_no_gpu(
 
 def test_parse_smi_health_h100() -> None:
     text = (FIXTURES / "smi-query-2xh100.csv").read_text()
-    readings = smoke.health_from_smi_rows(smoke.parse_smi_csv(text, smoke.HEALTH_FIELDS))
+    readings = health.health_from_smi_rows(nvsmi.parse_smi_csv(text, health.HEALTH_FIELDS))
     assert [r.index for r in readings] == [0, 1]
     good, bad = readings
     assert good.temperature_c == 36 and good.power_limit_w == 700 and good.throttle_mask == 1
-    verdicts = {name: o.status for name, o in smoke.evaluate_health(good)}
+    verdicts = {name: o.status for name, o in health.evaluate_health(good)}
     assert verdicts == {
         "temperature": "pass",
         "power": "pass",
@@ -382,7 +476,7 @@ def test_parse_smi_health_h100() -> None:
         "ecc": "pass",
         "mig": "pass",
     }
-    bad_verdicts = dict(smoke.evaluate_health(bad))
+    bad_verdicts = dict(health.evaluate_health(bad))
     assert bad_verdicts["temperature"].status == "warn"  # 88 C
     assert bad_verdicts["power"].status == "warn"  # 500 W limit vs 700 W default
     assert bad_verdicts["clocks"].status == "warn"
@@ -394,48 +488,49 @@ def test_parse_smi_health_h100() -> None:
 
 def test_parse_smi_health_consumer_gpu_without_ecc_or_mig() -> None:
     text = (FIXTURES / "smi-query-rtx4090.csv").read_text()
-    (reading,) = smoke.health_from_smi_rows(smoke.parse_smi_csv(text, smoke.HEALTH_FIELDS))
-    verdicts = dict(smoke.evaluate_health(reading))
+    (reading,) = health.health_from_smi_rows(nvsmi.parse_smi_csv(text, health.HEALTH_FIELDS))
+    verdicts = dict(health.evaluate_health(reading))
     assert reading.ecc_volatile_uncorrected is None and reading.mig_current is None
     assert verdicts["ecc"].status == "skip" and verdicts["mig"].status == "skip"
     assert verdicts["clocks"].status == "pass"
 
 
 def test_mig_pending_and_instances() -> None:
-    rows = smoke.parse_smi_csv((FIXTURES / "smi-query-a100-mig-pending.csv").read_text(), smoke.HEALTH_FIELDS)
-    listing = smoke.parse_smi_list((FIXTURES / "smi-L-a100-mig.txt").read_text())
+    text = (FIXTURES / "smi-query-a100-mig-pending.csv").read_text()
+    rows = nvsmi.parse_smi_csv(text, health.HEALTH_FIELDS)
+    listing = rules.parse_smi_list((FIXTURES / "smi-L-a100-mig.txt").read_text())
     assert [len(g["mig"]) for g in listing] == [3, 0]
     assert listing[0]["mig"][0]["profile"] == "3g.20gb"
-    (reading,) = smoke.health_from_smi_rows(rows, listing)
+    (reading,) = health.health_from_smi_rows(rows, listing)
     assert len(reading.mig_instances) == 3
-    assert dict(smoke.evaluate_health(reading))["mig"].status == "warn"
+    assert dict(health.evaluate_health(reading))["mig"].status == "warn"
 
 
 def test_parse_smi_csv_rejects_wrong_field_count() -> None:
     with pytest.raises(ValueError, match="expected 2 fields"):
-        smoke.parse_smi_csv("0, a, b\n", ["index", "name"])
+        nvsmi.parse_smi_csv("0, a, b\n", ["index", "name"])
 
 
 def test_invalid_field_message_is_recognised() -> None:
     text = (FIXTURES / "smi-invalid-field.txt").read_text()
-    match = smoke._INVALID_FIELD_RE.search(text)
+    match = health._INVALID_FIELD_RE.search(text)
     assert match is not None and match.group(1) == "clocks_throttle_reasons.active"
 
 
 def test_parse_topo_nvlink_with_nics() -> None:
-    topo = smoke.parse_topo((FIXTURES / "topo-8gpu-nvlink.txt").read_text())
+    topo = nvsmi.parse_topo((FIXTURES / "topo-8gpu-nvlink.txt").read_text())
     assert topo.gpus == tuple(f"GPU{i}" for i in range(8))
     assert topo.links["GPU0"]["GPU7"] == "NV18"
     assert "NIC0" not in topo.links["GPU0"]
     assert topo.cpu_affinity["GPU5"] == "32-63,96-127"
-    summary = smoke.summarize_topology(topo)
+    summary = nvsmi.summarize_topology(topo)
     assert summary["all_nvlink"] and summary["cross_socket_pairs"] == []
     assert len(summary["pairs"]) == 28
 
 
 def test_parse_topo_pcie_two_sockets() -> None:
-    topo = smoke.parse_topo((FIXTURES / "topo-4gpu-pcie-2socket.txt").read_text())
-    summary = smoke.summarize_topology(topo)
+    topo = nvsmi.parse_topo((FIXTURES / "topo-4gpu-pcie-2socket.txt").read_text())
+    summary = nvsmi.summarize_topology(topo)
     assert summary["pairs"]["GPU0-GPU1"] == "PIX"
     assert summary["pairs"]["GPU2-GPU3"] == "PXB"
     assert summary["link_kinds"] == ["PIX", "PXB", "SYS"]  # fastest first
@@ -445,12 +540,12 @@ def test_parse_topo_pcie_two_sockets() -> None:
 
 def test_parse_topo_phb_and_terminal_escapes() -> None:
     text = (FIXTURES / "topo-2gpu-phb.txt").read_text()
-    assert smoke.parse_topo(text).links == {
+    assert nvsmi.parse_topo(text).links == {
         "GPU0": {"GPU0": "X", "GPU1": "PHB"},
         "GPU1": {"GPU0": "PHB", "GPU1": "X"},
     }
     escaped = text.replace("GPU0\tGPU1", "\x1b[4mGPU0\tGPU1\x1b[0m", 1)
-    assert smoke.parse_topo(escaped).links["GPU1"]["GPU0"] == "PHB"
+    assert nvsmi.parse_topo(escaped).links["GPU1"]["GPU0"] == "PHB"
 
 
 @pytest.mark.parametrize(
@@ -458,12 +553,12 @@ def test_parse_topo_phb_and_terminal_escapes() -> None:
     [("proc-driver-version-proprietary.txt", "550.54.15"), ("proc-driver-version-open.txt", "565.57.01")],
 )
 def test_parse_proc_driver_version(name: str, version: str) -> None:
-    assert smoke.parse_proc_driver_version((FIXTURES / name).read_text()) == version
+    assert rules.parse_proc_driver_version((FIXTURES / name).read_text()) == version
 
 
 def test_decode_throttle() -> None:
-    assert smoke.decode_throttle(0x44) == ["sw_power_cap", "hw_thermal_slowdown"]
-    assert smoke.bad_throttle(0x5) == []
+    assert nvsmi.decode_throttle(0x44) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert nvsmi.bad_throttle(0x5) == []
 
 
 # --------------------------------------------------------------------------- lock diff
@@ -476,7 +571,7 @@ def test_diff_lock_names_each_difference() -> None:
         "packages": {"torch": "2.4.0+cu124", "torchvision": "0.19.0+cu124", "Pillow": "10.4"},
     }
     installed = {"torch": "2.4.0+cpu", "torchvision": None, "pillow": "10.4.0"}
-    got = smoke.diff_lock(lock, installed, torch_cuda=None, python_version="3.12.1")
+    got = lockfile.diff_lock(lock, installed, torch_cuda=None, python_version="3.12.1")
     assert got == [
         "torch: lock 2.4.0+cu124, installed 2.4.0+cpu",
         "torchvision: lock 0.19.0+cu124, not installed",
@@ -487,13 +582,14 @@ def test_diff_lock_names_each_difference() -> None:
 
 def test_diff_lock_equal_stack() -> None:
     lock = {"schema": 1, "stack": {"cuda": "12.4", "python": "3.11"}, "packages": {"torch": "2.4.0+cu124"}}
-    assert smoke.diff_lock(lock, {"torch": "2.4.0+cu124"}, torch_cuda="12.4", python_version="3.11.7") == []
+    installed = {"torch": "2.4.0+cu124"}
+    assert lockfile.diff_lock(lock, installed, torch_cuda="12.4", python_version="3.11.7") == []
 
 
 @pytest.mark.parametrize("bad", [[], {"schema": 2}, {"schema": 1, "packages": []}])
 def test_validate_lock_rejects(bad: Any) -> None:
-    with pytest.raises(smoke.LockError):
-        smoke.validate_lock(bad)
+    with pytest.raises(lockfile.LockError):
+        lockfile.validate_lock(bad)
 
 
 # --------------------------------------------------------------------------- numbers and aggregation
@@ -502,28 +598,28 @@ def test_validate_lock_rejects(bad: Any) -> None:
 def test_compare_result_catches_a_wrong_matmul() -> None:
     a = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
     ref = a.double() @ a.double()
-    assert smoke.compare_result("x", (a @ a), ref, 2e-3).status == "pass"
+    assert numeric.compare_result("x", (a @ a), ref, 2e-3).status == "pass"
     wrong = (a @ a).clone()
     wrong[3, 5] += 1.0
-    verdict = smoke.compare_result("x", wrong, ref, 2e-3)
+    verdict = numeric.compare_result("x", wrong, ref, 2e-3)
     assert verdict.status == "fail"
     assert verdict.message.startswith("numerical check failed")
     nan = (a @ a).clone()
     nan[0, 0] = float("nan")
-    assert smoke.compare_result("x", nan, ref, 2e-3).status == "fail"
-    assert smoke.compare_result("x", wrong.t()[:10], ref, 2e-3).status == "fail"
+    assert numeric.compare_result("x", nan, ref, 2e-3).status == "fail"
+    assert numeric.compare_result("x", wrong.t()[:10], ref, 2e-3).status == "fail"
 
 
 def test_cpu_numeric_checks_pass_on_cpu() -> None:
-    assert smoke.check_matmul(torch, "cpu", "fp32").status == "pass"
-    assert smoke.check_conv(torch, "cpu").status == "pass"
-    assert smoke.check_optimizer(torch, "cpu").status == "pass"
+    assert t1_correctness.check_matmul(torch, "cpu", "fp32").status == "pass"
+    assert t1_correctness.check_conv(torch, "cpu").status == "pass"
+    assert t1_correctness.check_optimizer(torch, "cpu").status == "pass"
 
 
 def test_bus_bandwidth() -> None:
     # 1 GB in 0.1 s over 8 ranks: algbw 10 GB/s, busbw 10 * 2 * 7 / 8.
-    assert smoke.bus_bandwidth_gbs(10**9, 0.1, 8) == pytest.approx(17.5)
-    assert smoke.bus_bandwidth_gbs(10**9, 0.0, 8) == 0.0
+    assert numeric.bus_bandwidth_gbs(10**9, 0.1, 8) == pytest.approx(17.5)
+    assert numeric.bus_bandwidth_gbs(10**9, 0.0, 8) == 0.0
 
 
 def test_match_peak_prefers_aliases_then_token_subset() -> None:
@@ -532,15 +628,15 @@ def test_match_peak_prefers_aliases_then_token_subset() -> None:
         "H100 PCIe": {"bf16_tflops": 2},
         "A100": {"bf16_tflops": 3},
     }
-    assert smoke.match_peak("NVIDIA H100 80GB HBM3", peaks) == ("H100 SXM", peaks["H100 SXM"])
-    assert smoke.match_peak("NVIDIA H100 PCIe", peaks) == ("H100 PCIe", peaks["H100 PCIe"])
-    found = smoke.match_peak("NVIDIA A100-SXM4-40GB", peaks)
+    assert numeric.match_peak("NVIDIA H100 80GB HBM3", peaks) == ("H100 SXM", peaks["H100 SXM"])
+    assert numeric.match_peak("NVIDIA H100 PCIe", peaks) == ("H100 PCIe", peaks["H100 PCIe"])
+    found = numeric.match_peak("NVIDIA A100-SXM4-40GB", peaks)
     assert found is not None and found[0] == "A100"
-    assert smoke.match_peak("NVIDIA GeForce RTX 4090", peaks) is None
+    assert numeric.match_peak("NVIDIA GeForce RTX 4090", peaks) is None
 
 
-def check(status: str, code: int = 0) -> smoke.Check:
-    return smoke.Check(name="x", tier=0, status=status, exit_code=code)
+def check(status: str, code: int = 0) -> results.Check:
+    return results.Check(name="x", tier=0, status=status, exit_code=code)
 
 
 @pytest.mark.parametrize(
@@ -553,19 +649,19 @@ def check(status: str, code: int = 0) -> smoke.Check:
     ],
 )
 def test_exit_code_for(statuses: list[tuple[str, int]], code: int) -> None:
-    assert smoke.exit_code_for([check(s, c) for s, c in statuses]) == code
+    assert results.exit_code_for([check(s, c) for s, c in statuses]) == code
 
 
 def test_shm_thresholds() -> None:
-    small = smoke.check_shm(64 << 20)
+    small = t2_speed.check_shm(64 << 20)
     assert small.status == "warn" and "--shm-size" in small.hint and "--ipc=host" in small.hint
-    assert smoke.check_shm(8 << 30).status == "pass"
-    assert smoke.check_shm(None).status == "warn"
+    assert t2_speed.check_shm(8 << 30).status == "pass"
+    assert t2_speed.check_shm(None).status == "warn"
 
 
 def test_cpu_ok_never_reports_a_gpu_check_as_pass() -> None:
-    run = smoke.Run(smoke.Options(cpu_ok=True), {})
+    run = runner.Run(runner.Options(cpu_ok=True), {})
     run.gpu_block = "torch is CPU-only"
-    result = run.check("gpu.kernel", 1, lambda: smoke.ok("pretend"), gpu=True)
+    result = run.check("gpu.kernel", 1, lambda: results.ok("pretend"), gpu=True)
     assert result.status == "skip"
     assert result.hint

@@ -139,9 +139,9 @@ def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
     """Run the standalone smoke test, handing it the peaks table from matrices/."""
     import tempfile
 
-    from envbuild import smoke
     from envbuild.data.peaks import peaks_json
     from envbuild.errors import DataError
+    from envbuild.smoke import __main__ as smoke
 
     if any(a == "--peaks" or a.startswith("--peaks=") for a in argv) or \
             any(a in ("-h", "--help") for a in argv):

@@ -22,6 +22,7 @@ def add_commands(commands: Any) -> None:
 
 def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     from envbuild.host import probe as host
+    from envbuild.host import report as host_report
 
     if args.from_file:
         try:
@@ -32,5 +33,5 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
         facts = host.parse_saved(text)
     else:
         facts = host.probe_host(env)
-    out(json.dumps(host.to_json(facts), indent=2) if args.json else host.format_human(facts))
+    out(json.dumps(host_report.to_json(facts), indent=2) if args.json else host_report.format_human(facts))
     return 0

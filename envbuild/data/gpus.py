@@ -7,15 +7,19 @@ GPU is named, and ``GpuTarget`` is a hand-written frozen value rather than a dat
 
 from __future__ import annotations
 
+from envbuild.smoke import rules
+from envbuild.smoke.rules import parse_arch_list as parse_arch_list  # the resolver's index stores its output
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import re
     from collections.abc import Iterable, Mapping
     from typing import Any, Literal
 
+    from envbuild.smoke.rules import ArchEntry as ArchEntry
+
     Coverage = Literal["sass", "sass-compatible", "ptx"]
-    # An arch-list entry, parsed: (kind "sm"/"compute", (major, minor), arch-specific, +PTX)
-    ArchEntry = tuple[str, tuple[int, int], bool, bool]
+
 
 _FIELDS = ("label", "compute_capability", "datacenter", "min_driver_branch", "last_driver_branch",
            "source")
@@ -76,8 +80,6 @@ def _pattern(name: str) -> re.Pattern[str]:
         import re
 
         _PATTERNS.update(
-            arch=re.compile(r"sm_(\d{1,2})(\d)"),
-            entry=re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)(\+PTX)?"),
             name=re.compile(r"[A-Za-z0-9 ._()/\-]{1,80}"),
             noise=re.compile(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+"),
         )
@@ -126,31 +128,22 @@ def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:
 
 
 def target_from_arch(arch: str, *, datacenter: bool | None) -> GpuTarget:
-    match = _pattern("arch").fullmatch(arch)
-    if match is None:
+    entry = rules.parse_arch_entry(arch)
+    if entry is None or entry[0] != "sm" or entry[2] or entry[3]:  # a GPU's own arch: plain sm_XY
         from envbuild.errors import UsageError
 
         raise UsageError(f"invalid GPU architecture {arch!r}", hint="write it as sm_89, sm_90 or sm_120")
-    return GpuTarget(label=arch, compute_capability=f"{int(match[1])}.{match[2]}", datacenter=datacenter)
-
-
-def parse_arch_list(arch_list: Iterable[str]) -> list[ArchEntry]:
-    """The entries ``coverage`` understands, parsed once (the resolver's index stores them)."""
-    parsed: list[ArchEntry] = []
-    for entry in arch_list:
-        match = _pattern("entry").fullmatch(entry)
-        if match is not None:
-            kind, e_major, e_minor, specific, ptx = match.groups()
-            parsed.append((kind, (int(e_major), int(e_minor)), bool(specific), bool(ptx)))
-    return parsed
+    major, minor = entry[1]
+    return GpuTarget(label=arch, compute_capability=f"{major}.{minor}", datacenter=datacenter)
 
 
 def coverage(compute_capability: str, arch_list: Iterable[str]) -> Coverage | None:
     """How a wheel compiled for ``arch_list`` can run on a GPU, best way first.
 
-    Exact SASS; SASS of the same major and a lower minor (binary compatible, except
-    the arch-specific ``a``/``f`` targets); or PTX of an equal or lower capability that
-    the driver JIT-compiles. None: "no kernel image is available" at the first kernel.
+    Exact SASS; SASS of the same major and a lower minor (binary compatible, except the
+    arch-specific ``a`` targets and integrated GPUs); or PTX the driver JIT-compiles (see
+    ``envbuild.smoke.rules.arch_runs_on``, the rule the smoke test applies to the real
+    GPU). None: "no kernel image is available" at the first kernel.
     """
     return coverage_of(compute_capability, parse_arch_list(arch_list))
 
@@ -158,16 +151,10 @@ def coverage(compute_capability: str, arch_list: Iterable[str]) -> Coverage | No
 def coverage_of(compute_capability: str, entries: Iterable[ArchEntry]) -> Coverage | None:
     """``coverage`` over an arch list already parsed by ``parse_arch_list``."""
     major, minor = (int(p) for p in compute_capability.split("."))
-    found: list[Coverage] = []
-    for kind, e_cc, specific, ptx in entries:
-        if kind == "sm" and e_cc == (major, minor):
-            found.append("sass")
-        elif kind == "sm" and not specific and e_cc[0] == major and e_cc[1] < minor:
-            found.append("sass-compatible")
-        if (ptx or kind == "compute") and not specific and e_cc <= (major, minor):
-            found.append("ptx")
-    best: Coverage
-    for best in ("sass", "sass-compatible", "ptx"):
-        if best in found:
-            return best
-    return None
+    how, _ = rules.arch_runs_on(list(entries), (major, minor))
+    return _COVERAGE_NAMES.get(how)
+
+
+# rules' names for how an arch list runs -> the resolver's (None: it does not run).
+_COVERAGE_NAMES: dict[str, Coverage] = {rules.SASS_EXACT: "sass", rules.SASS_COMPATIBLE: "sass-compatible",
+                                        rules.PTX_JIT: "ptx"}

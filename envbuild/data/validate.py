@@ -12,14 +12,12 @@ from typing import Any
 
 from envbuild.data.relations import RELATIONS, Row
 from envbuild.errors import DataError
+from envbuild.smoke.rules import is_arch, is_python_version, is_wheel_variant
 
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _VERSION_RE = re.compile(r"\d+(\.\d+)*")
 _DRIVER_RE = re.compile(r"\d{3}(\.\d{1,3}){0,2}")
 _CC_RE = re.compile(r"\d{1,2}\.\d")
-_SM_RE = re.compile(r"sm_\d{2,3}[af]?(\+PTX)?|compute_\d{2,3}")
-_PY_RE = re.compile(r"3\.\d{1,2}t?")
-_VARIANT_RE = re.compile(r"cpu|cu\d{3,4}")
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -31,9 +29,9 @@ def _text(v: Any) -> str | None:
     return None if isinstance(v, str) and v.strip() == v and v else "must be a non-empty string"
 
 
-def _pattern(rx: re.Pattern[str], what: str) -> Callable[[Any], str | None]:
+def _pattern(rx: re.Pattern[str] | Callable[[str], bool], what: str) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
-        ok = isinstance(v, str) and rx.fullmatch(v) is not None
+        ok = isinstance(v, str) and (rx(v) if callable(rx) else rx.fullmatch(v) is not None)
         return None if ok else f"must be {what} as a quoted string, got {v!r}"
 
     return check
@@ -108,8 +106,8 @@ def _nullable(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]
 VERSION = _pattern(_VERSION_RE, "a version like 12.4.1")
 DRIVER = _pattern(_DRIVER_RE, "a driver version like 550.54.15")
 CC = _pattern(_CC_RE, "a compute capability like 8.9")
-PYTHON = _pattern(_PY_RE, "a Python version like 3.11")
-VARIANT = _pattern(_VARIANT_RE, "a wheel variant like cu124 or cpu")
+PYTHON = _pattern(is_python_version, "a Python version like 3.11")
+VARIANT = _pattern(is_wheel_variant, "a wheel variant like cu124 or cpu")
 
 # relation -> {field: (check, required)}
 SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
@@ -151,7 +149,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "variant": (VARIANT, True),
         "cuda": (_nullable(VERSION), True),
         "python": (_list_of(PYTHON), True),
-        "arch_list": (_list_of(_pattern(_SM_RE, "an arch like sm_90 or sm_90+PTX")), False),
+        "arch_list": (_list_of(_pattern(is_arch, "an arch like sm_90 or sm_90+PTX")), False),
         "cuda_runtime": (VERSION, False),
         "cudnn": (VERSION, False),
         "nccl": (VERSION, False),

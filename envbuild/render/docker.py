@@ -31,6 +31,7 @@ from envbuild.render.lock import (
 )
 from envbuild.render.templates import environment, major_minor
 from envbuild.resolver.model import Stack
+from envbuild.smoke.bundle import payload as smoke_payload
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
 PEAKS_NAME = "smoke_peaks.json"
@@ -254,7 +255,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
                 peaks=peaks is not None))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = lock.to_json().encode("utf-8")
-    files["smoke.py"] = (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
+    files["smoke.py"] = smoke_payload()
     if peaks is not None:
         files[PEAKS_NAME] = peaks
     for wheel in options.wheelhouse:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +42,16 @@ from typing import Any
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
 from envbuild.resolver.model import PYTORCH_INDEX, Stack
+from envbuild.smoke.rules import is_arch, is_python_version, is_variant_selector
 
 SCHEMA = 1
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
 _VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+){0,3}", re.ASCII)
 _LOCAL_RE = re.compile(r"cpu|cu[0-9]{3,4}|rocm[0-9.]+", re.ASCII)
-_VARIANT_RE = re.compile(r"cpu|default|cu[0-9]{3,4}", re.ASCII)
 _UBUNTU_RE = re.compile(r"[0-9]{2}\.[0-9]{2}", re.ASCII)
-_PYTHON_RE = re.compile(r"3\.[0-9]{1,2}t?", re.ASCII)
 _NVIDIA_RE = re.compile(r"nvidia-[a-z0-9][a-z0-9._-]*", re.ASCII)
 _LAYER_RE = re.compile(r"[a-z][a-z0-9-]{0,31}", re.ASCII)
 LAYER_SOURCE = "wheel sizes"
-_ARCH_RE = re.compile(r"(?:sm|compute)_[0-9]{2,3}[a-z]?(?:\+PTX)?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,11 +283,11 @@ def check_lock(lock: Lock) -> None:
                         ("base_cuda", s.base_cuda), ("min_driver", s.min_driver)):
         if value is not None and not _VERSION_RE.fullmatch(value):
             raise UsageError(f"invalid {name} version {value!r} in the lock")
-    _match(_VARIANT_RE, s.variant, "variant")
-    _match(_PYTHON_RE, s.python, "python")
+    _match(is_variant_selector, s.variant, "variant")
+    _match(is_python_version, s.python, "python")
     _match(_UBUNTU_RE, s.ubuntu, "ubuntu")
     for arch in s.arch_list:
-        _match(_ARCH_RE, arch, "arch_list")
+        _match(is_arch, arch, "arch_list")
     if lock.flavor not in ("runtime", "devel") or s.flavor != lock.flavor:
         raise UsageError(f"invalid flavor {lock.flavor!r} in the lock")
     if s.compat not in (None, "native", "minor-version", "forward"):
@@ -338,8 +336,8 @@ def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
         raise UsageError(f"invalid layer {layer.name!r} in the lock", hint="re-create the lock")
 
 
-def _match(pattern: re.Pattern[str], value: str, name: str) -> None:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
+def _match(pattern: re.Pattern[str] | Callable[[str], bool], value: str, name: str) -> None:
+    if not isinstance(value, str) or not (pattern(value) if callable(pattern) else pattern.fullmatch(value)):
         raise UsageError(f"invalid {name} {value!r} in the lock")
 
 

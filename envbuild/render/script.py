@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import shlex
-from pathlib import Path
 from typing import Any
 
 from envbuild.errors import UsageError
@@ -101,7 +100,9 @@ def context(lock: Lock) -> dict[str, Any]:
 
 
 def _smoke() -> bytes:
-    return (Path(__file__).resolve().parents[1] / "smoke.py").read_bytes()
+    from envbuild.smoke.bundle import payload
+
+    return payload()
 
 
 def render_script(lock: Lock) -> dict[str, bytes]:

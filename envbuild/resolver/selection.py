@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from envbuild.data.versions import DriverVersion, Requirement, parse_requirement
 from envbuild.resolver.model import Request
+from envbuild.smoke.rules import is_python_version, is_variant_selector
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def _decimal(text: str, low: int, high: int) -> bool:
 def _python_requirement(text: str | None) -> Requirement | None:
     if text is None:
         return None
-    if text.startswith("3.") and text.endswith("t") and _decimal(text[2:-1], 1, 2):
+    if text.endswith("t") and is_python_version(text):
         # A free-threaded build ("3.13t"), matched by its name.
         return Requirement(kind="python", text=text, spec=f"=={text[:-1]}.*")
     return parse_requirement("python", text)
@@ -157,8 +158,7 @@ def _ubuntu(text: str | None) -> str | None:
 
 
 def _variant(text: str | None) -> str | None:
-    if text is not None and not (text in ("cpu", "default")
-                                 or (text.startswith("cu") and _decimal(text[2:], 3, 4))):
+    if text is not None and not is_variant_selector(text):
         from envbuild.errors import UsageError
 
         raise UsageError(f"invalid wheel variant {text!r}",

@@ -1,0 +1,102 @@
+"""The smoke test's command line: ``python /opt/envbuild/smoke.py [--tier N] ...``.
+
+The only module of the payload that parses arguments; ``envbuild smoke`` calls ``main``
+in-process, the zipapp's entry calls it in an image or on a host.
+
+The single file once dropped its own folder from ``sys.path`` before importing, because
+a sibling named like a standard module (envbuild/selectors.py once was) shadowed it.
+No guard is needed now: run as the zipapp, ``sys.path[0]`` is the archive, which holds
+only ``__main__.py`` and the ``envbuild_smoke`` package, and every module of the package
+is reached by its package name (relative imports), never as a top-level name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from typing import Sequence
+
+from .report import EXIT_INTERRUPTED, MAX_TIER, render_text
+from .runner import Options
+from .suite import run_smoke
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write to a temporary file beside ``path`` and rename: complete or untouched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".smoke-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="envbuild smoke",
+        description="Verify that torch really computes on the GPU, and report why GPUs idle.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON report only")
+    parser.add_argument(
+        "--tier",
+        type=int,
+        default=2,
+        choices=range(MAX_TIER + 1),
+        metavar="N",
+        help="run tiers 0..N (0 env, 1 correctness, 2 speed, 3 multi-GPU, 4 health); default 2",
+    )
+    parser.add_argument("--lock", metavar="FILE", help="envbuild.lock to compare the installed stack with")
+    parser.add_argument(
+        "--cpu-ok",
+        action="store_true",
+        help="a CPU-only run is acceptable: GPU checks are reported as skip, never pass",
+    )
+    parser.add_argument(
+        "--peaks",
+        metavar="FILE",
+        help="JSON GPU peak table (default: smoke_peaks.json beside this file)",
+    )
+    parser.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE (atomically)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each heavy check")
+    ns = parser.parse_args(argv)
+    return Options(
+        json=ns.json,
+        tier=ns.tier,
+        lock=ns.lock,
+        cpu_ok=ns.cpu_ok,
+        peaks=ns.peaks,
+        report=ns.report,
+        timeout=ns.timeout,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, usage errors 2
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    try:
+        report = run_smoke(options)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    text = json.dumps(report, indent=2, sort_keys=False, default=str)
+    if options.report:
+        write_atomic(options.report, text + "\n")
+    if options.json:
+        sys.stdout.write(text + "\n")
+    else:
+        sys.stdout.write(render_text(report) + "\n")
+    sys.stdout.flush()
+    return int(report["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""T0 environment: driver, container GPU variables, torch build, CPUs, lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from typing import Mapping
+
+from .diagnose import classify_cuda_error
+from .lockfile import canonical_name, diff_lock, validate_lock
+from .probes import (
+    detect_container,
+    gpu_device_nodes,
+    installed_versions,
+    probe_driver,
+    shm_bytes,
+    torch_arch_list,
+    try_call,
+    usable_cpus,
+)
+from .report import Outcome, fail, ok, skip, warn
+from .rules import is_wheel_variant
+from .runner import Run
+
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+
+def tier0(run: Run) -> None:
+    run.host.update(
+        {
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "usable_cpus": usable_cpus(),
+            "shm_bytes": shm_bytes(),
+            "in_container": detect_container(run.env),
+            "dev_nodes": gpu_device_nodes(),
+            "env": {
+                k: run.env.get(k)
+                for k in (
+                    "NVIDIA_VISIBLE_DEVICES",
+                    "CUDA_VISIBLE_DEVICES",
+                    "NVIDIA_DRIVER_CAPABILITIES",
+                    "NVIDIA_REQUIRE_CUDA",
+                    "LD_LIBRARY_PATH",
+                )
+            },
+        }
+    )
+    if run.options.lock:
+        # The lock names the variant the image was built for: hints can name its index.
+        run.variant = lock_variant(run.options.lock)
+    run.check("python", 0, lambda: ok("Python %s" % run.host["python"], {"executable": sys.executable}))
+    # The driver probe needs no torch: it runs first and is never blocked.
+    run.check("driver", 0, lambda: _check_driver(run), gpu=True, standalone=True)
+    run.check("torch.import", 0, lambda: _check_torch_import(run))
+    run.check("torch.cuda_build", 0, lambda: _check_cuda_build(run), gpu=True)
+    run.check("container.gpu_env", 0, lambda: _check_gpu_env(run))
+    run.check(
+        "cpu",
+        0,
+        lambda: ok(
+            "%s usable of %s CPUs" % (run.host["usable_cpus"], run.host["cpu_count"]),
+            {"cpu_count": run.host["cpu_count"], "usable": run.host["usable_cpus"]},
+        ),
+    )
+    if run.options.lock:
+        run.check("lock", 0, lambda: _check_lock(run))
+
+
+def lock_variant(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lock = json.load(handle)
+        return str(lock["stack"]["variant"] or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def _check_torch_import(run: Run) -> Outcome:
+    try:
+        import torch
+    except Exception as exc:
+        run.gpu_block = "torch is not importable"
+        return fail(
+            "torch is not importable: %s: %s" % (type(exc).__name__, exc),
+            hint="install the pinned torch from envbuild.lock into this interpreter (%s)" % sys.executable,
+        )
+    run.torch = torch
+    facts = run.torch_facts
+    facts["version"] = str(torch.__version__)
+    facts["cuda"] = getattr(torch.version, "cuda", None)
+    facts["hip"] = getattr(torch.version, "hip", None)
+    facts["cudnn"] = try_call(torch.backends.cudnn.version)
+    facts["arch_list"] = torch_arch_list(torch)
+    facts["file"] = getattr(torch, "__file__", None)
+    return ok("torch %s" % facts["version"], {"version": facts["version"], "file": facts["file"]})
+
+
+def _check_cuda_build(run: Run) -> Outcome:
+    torch = run.torch
+    if torch is None:
+        return skip("torch is not importable", hint="fix torch.import first")
+    cuda, hip = run.torch_facts["cuda"], run.torch_facts["hip"]
+    value = {
+        "cuda": cuda,
+        "cudnn": run.torch_facts["cudnn"],
+        "arch_list": run.torch_facts["arch_list"],
+    }
+    if cuda is None:
+        run.gpu_block = "torch is CPU-only"
+        what = (
+            "torch is a ROCm build (torch.version.hip=%s), not CUDA" % hip
+            if hip
+            else "torch is CPU-only (torch.version.cuda=None)"
+        )
+        if run.options.cpu_ok:
+            hint = cpu_only_hint(run.torch_facts["version"], run.variant, run.env)
+            return skip("%s; accepted by --cpu-ok" % what, value, hint)
+        return fail(what, value, cpu_only_hint(run.torch_facts["version"], run.variant, run.env))
+    return ok(
+        "CUDA %s, cuDNN %s, archs %s" % (cuda, value["cudnn"], " ".join(value["arch_list"]) or "?"),
+        value,
+    )
+
+
+def cpu_only_hint(version: str, variant: str, env: Mapping[str, str]) -> str:
+    """Name the index that has the CUDA wheel, and where the CPU one likely came from."""
+    base = version.split("+")[0]
+    if is_wheel_variant(variant) and variant != "cpu":  # not "default": PyPI's wheel has no index of its own
+        index = "%s/%s" % (PYTORCH_INDEX, variant)
+        hint = "install the CUDA build: pip install torch==%s --index-url %s" % (base, index)
+    else:
+        hint = (
+            "install a CUDA build of torch %s from %s/cuXYZ (envbuild resolve picks cuXYZ for "
+            "the host driver)" % (base, PYTORCH_INDEX)
+        )
+    sources = [k + "=" + env[k] for k in ("PIP_FIND_LINKS", "PIP_INDEX_URL") if env.get(k)]
+    if sources:
+        hint += "; the +cpu wheel probably came from " + ", ".join(sources)
+    return hint
+
+
+def _check_driver(run: Run) -> Outcome:
+    run.driver = probe_driver()
+    run.host["driver"] = run.driver
+    error = run.driver.get("error")
+    if error:
+        known = classify_cuda_error(error)
+        if known is not None and known.kind == "driver-mismatch":
+            return fail(known.message, run.driver, known.hint, known.exit_code)
+    if run.driver.get("version") is None:
+        text = "no NVIDIA driver found (NVML, nvidia-smi, /proc/driver/nvidia/version)"
+        if run.options.cpu_ok:
+            return skip(text, run.driver, "a GPU check: it reads the driver on a GPU host")
+        return warn(
+            text,
+            run.driver,
+            "on a host: install the driver; in a container: start it with --gpus all and "
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility so nvidia-smi/NVML are mounted",
+        )
+    message = "driver %s (from %s)" % (run.driver["version"], run.driver["source"])
+    if run.driver.get("cuda_version"):
+        message += ", supports CUDA <= %s" % run.driver["cuda_version"]
+    if (run.driver.get("libcuda") or {}).get("forward_compat"):
+        message += "; forward-compat libcuda in use"
+    return ok(message, run.driver)
+
+
+def _check_gpu_env(run: Run) -> Outcome:
+    env = run.host["env"]
+    value = {
+        "env": env,
+        "in_container": run.host["in_container"],
+        "dev_nodes": run.host["dev_nodes"],
+    }
+    caps = env.get("NVIDIA_DRIVER_CAPABILITIES")
+    if caps is not None and caps.strip() and not {"compute", "all"} & {c.strip() for c in caps.split(",")}:
+        return warn(
+            "NVIDIA_DRIVER_CAPABILITIES=%s lacks compute: libcuda is not mounted" % caps,
+            value,
+            "set NVIDIA_DRIVER_CAPABILITIES=compute,utility (or all)",
+        )
+    shown = ", ".join("%s=%s" % (k, v) for k, v in env.items() if v is not None and k != "LD_LIBRARY_PATH")
+    return ok(shown or "no NVIDIA/CUDA variables set", value)
+
+
+def _check_lock(run: Run) -> Outcome:
+    path = run.options.lock or ""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lock = validate_lock(json.load(handle))
+    except (OSError, ValueError) as exc:
+        return fail(
+            "lock %s unreadable: %s" % (path, exc),
+            hint="pass the envbuild.lock the image was built from",
+        )
+    run.variant = str((lock.get("stack") or {}).get("variant") or "")
+    names = list((lock.get("packages") or {}).keys())
+    if "torch" not in {canonical_name(n) for n in names}:
+        names.append("torch")
+    differences = diff_lock(
+        lock,
+        installed_versions(names),
+        torch_cuda=run.torch_facts.get("cuda"),
+        python_version=platform.python_version(),
+    )
+    if differences:
+        return fail(
+            "stack differs from lock: " + "; ".join(differences),
+            {"differences": differences, "lock": path},
+            "rebuild from the lock (envbuild build -f %s) or reinstall the pinned versions" % path,
+        )
+    return ok("stack matches %s (%d packages)" % (path, len(names)), {"lock": path})
