@@ -8,6 +8,7 @@
 #
 # usage: sudo bash install.sh [--dry-run] [--yes] [--skip-driver] [--replace-driver]
 #                             [--driver-branch N] [--with-toolkit] [--no-smoke] [--lock-timeout SECONDS]
+#                             [--deadline SECONDS] [--download-timeout SECONDS]
 # exit: 0 done, 2 usage, 7/8 smoke test failed, 9 preflight failed (nothing changed), 10 reboot required
 set -Eeuo pipefail
 
@@ -42,6 +43,11 @@ readonly NOUVEAU_CONF=/etc/modprobe.d/envbuild-blacklist-nouveau.conf
 readonly UU_CONF=/etc/apt/apt.conf.d/51envbuild-nvidia-driver
 # Download attempts of this script's own loop, around curl's --retry (see download()).
 readonly DOWNLOAD_TRIES=3
+# Where the kernel shows UEFI variables; read for Secure Boot when mokutil is not installed.
+readonly EFIVARS=${ENVBUILD_EFIVARS:-/sys/firmware/efi/efivars}
+# EFI_GLOBAL_VARIABLE: the vendor GUID of the SecureBoot variable (UEFI specification, Globally
+# Defined Variables); its value is 4 attribute bytes, then one byte, 1 when Secure Boot is on.
+readonly SECURE_BOOT_VAR=SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c
 
 log() { printf 'envbuild-install: %s\n' "$*"; }
 warn() { printf 'envbuild-install: warning: %s\n' "$*" >&2; }
@@ -77,6 +83,10 @@ usage() {
     "  --with-toolkit       also install the CUDA toolkit ($TOOLKIT_PACKAGE)" \
     "  --no-smoke           skip the smoke test" \
     "  --lock-timeout S     wait up to S seconds for the dpkg lock (default 120)" \
+    "  --deadline S         give up once the install has run S seconds (default 3600): checked" \
+    "                       before each step, and no download may run past it" \
+    "  --download-timeout S cut any one download (retries included) after S seconds (default 600);" \
+    "                       downloads are https only, redirects included" \
     "exit: 0 done, 2 usage, 7/8 smoke test failed, 9 preflight failed, 10 reboot required"
 }
 
@@ -88,6 +98,8 @@ REPLACE_DRIVER=0
 WITH_TOOLKIT=0
 RUN_SMOKE=1
 LOCK_TIMEOUT=120
+DEADLINE=3600
+DOWNLOAD_TIMEOUT=600
 BRANCH_WANTED=$DRIVER_BRANCH
 
 parse_args() {
@@ -109,6 +121,16 @@ parse_args() {
         LOCK_TIMEOUT=$2
         shift
         ;;
+      --deadline)
+        (($# > 1)) || die 2 "--deadline needs a number of seconds"
+        DEADLINE=$2
+        shift
+        ;;
+      --download-timeout)
+        (($# > 1)) || die 2 "--download-timeout needs a number of seconds"
+        DOWNLOAD_TIMEOUT=$2
+        shift
+        ;;
       -h | --help)
         usage
         exit 0
@@ -118,6 +140,8 @@ parse_args() {
     shift
   done
   [[ $LOCK_TIMEOUT =~ ^[0-9]{1,5}$ ]] || die 2 "--lock-timeout must be a number of seconds"
+  [[ $DEADLINE =~ ^[1-9][0-9]{0,5}$ ]] || die 2 "--deadline must be a number of seconds"
+  [[ $DOWNLOAD_TIMEOUT =~ ^[1-9][0-9]{0,5}$ ]] || die 2 "--download-timeout must be a number of seconds"
   if [[ -n $DRIVER_BRANCH ]]; then
     [[ $BRANCH_WANTED =~ ^[0-9]{3}$ ]] || die 2 "--driver-branch must be a driver branch such as $DRIVER_BRANCH"
     ((BRANCH_WANTED >= DRIVER_BRANCH)) \
@@ -157,8 +181,14 @@ has_nvidia_gpu() {
 }
 
 secure_boot_enabled() {
-  command -v mokutil >/dev/null 2>&1 || return 1
-  mokutil --sb-state 2>/dev/null | grep -q 'SecureBoot enabled'
+  if command -v mokutil >/dev/null 2>&1; then
+    mokutil --sb-state 2>/dev/null | grep -q 'SecureBoot enabled'
+    return
+  fi
+  # No mokutil (minimal images): the UEFI variable itself. No such variable: legacy BIOS boot,
+  # or Secure Boot unsupported, so unsigned modules load.
+  [[ -r $EFIVARS/$SECURE_BOOT_VAR ]] || return 1
+  [[ $(od -An -t u1 -j 4 -N 1 "$EFIVARS/$SECURE_BOOT_VAR" 2>/dev/null | tr -d ' \n') == 1 ]]
 }
 
 nouveau_loaded() { # lsmod reads /proc/modules; without kmod, read it directly
@@ -428,13 +458,23 @@ write_atomic() { # $1 target, $2 text: written beside the target, then renamed o
 # --retry-all-errors that would cover it came in curl 7.71.0 (https://curl.se/ch/7.71.0.html), and
 # Ubuntu 20.04's curl lacks it (https://gitlab.com/fdroid/fdroidserver/-/issues/1064). So this loop
 # retries those network failures itself, into a temporary name renamed only once complete.
+# Every download is https, redirects included (--proto/--proto-redir: a redirect to http:// fails
+# instead of being followed), and ends within --download-timeout and the install's --deadline:
+# timeout(1) bounds the whole curl run, its own retries included, so a server that trickles a byte
+# a second cannot hold the install (or a cloud-init first boot) open.
 DOWNLOAD_RC=0
 download() { # $1 URL, $2 file: status 0 with the whole file in place, else no file and DOWNLOAD_RC set
-  local url=$1 file=$2 part="$2.part" try
+  local url=$1 file=$2 part="$2.part" try started=$SECONDS budget
   TEMP_PATHS+=("$part")
   for ((try = 1; ; try++)); do
+    budget=$((DOWNLOAD_TIMEOUT - (SECONDS - started)))
+    ((budget <= DEADLINE_AT - SECONDS)) || budget=$((DEADLINE_AT - SECONDS))
+    DOWNLOAD_RC=28 # out of time, as curl's own timeout reports it
+    ((budget > 0)) || return 1
     DOWNLOAD_RC=0
-    curl -fsSL --retry 3 --connect-timeout 30 -o "$part" "$url" || DOWNLOAD_RC=$?
+    timeout "$budget" curl -fsSL --proto =https --proto-redir =https --retry 3 --connect-timeout 30 \
+      -o "$part" "$url" || DOWNLOAD_RC=$?
+    ((DOWNLOAD_RC != 124)) || DOWNLOAD_RC=28 # timeout(1) ended it
     if ((DOWNLOAD_RC == 0)); then
       mv -f "$part" "$file"
       return 0
@@ -515,18 +555,25 @@ install_pins() {
   fi
 }
 
+step() { # $1 what the step does; the rest, the command: run only while the deadline allows
+  ((SECONDS < DEADLINE_AT)) \
+    || die 1 "the install ran past its deadline (--deadline $DEADLINE) before: $1; run again, a second run resumes"
+  shift
+  "$@"
+}
+
 apply() {
-  ((${#APT_NEEDED[@]} == 0)) || apt_install "${APT_NEEDED[@]}"
-  ((!NEED_NVIDIA_REPO)) || install_keyring
-  ((!INSTALL_DRIVER)) || install_driver
-  ((!WRITE_UU)) || keep_uu_away
+  ((${#APT_NEEDED[@]} == 0)) || step "installing ${APT_NEEDED[*]}" apt_install "${APT_NEEDED[@]}"
+  ((!NEED_NVIDIA_REPO)) || step "NVIDIA's keyring" install_keyring
+  ((!INSTALL_DRIVER)) || step "the driver" install_driver
+  ((!WRITE_UU)) || step "the unattended-upgrades blacklist" keep_uu_away
   # After the driver: should its install fail, nouveau still drives the GPU at the next boot.
-  ((!WRITE_NOUVEAU)) || blacklist_nouveau
+  ((!WRITE_NOUVEAU)) || step "the nouveau blacklist" blacklist_nouveau
   if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
-    apt_install "$TOOLKIT_PACKAGE"
+    step "the CUDA toolkit" apt_install "$TOOLKIT_PACKAGE"
   fi
-  venv_ready || create_venv
-  pins_satisfied || install_pins
+  venv_ready || step "the Python venv" create_venv
+  pins_satisfied || step "the pinned packages" install_pins
   local name
   for name in envbuild.lock smoke.py; do
     if [[ -r $SOURCE_DIR/$name ]] && copy_needed "$SOURCE_DIR/$name" "$PREFIX/$name"; then
@@ -544,6 +591,7 @@ smoke() {
 
 main() {
   parse_args "$@"
+  DEADLINE_AT=$((SECONDS + DEADLINE))
   SOURCE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   DRIVER_INSTALLED=0
   preflight
