@@ -1,4 +1,4 @@
-"""Size and rebuild cost of a rendered CUDA torch image (issue 5, item 4).
+"""Size and rebuild cost of a rendered CUDA torch image.
 
 Builds the runtime image of a CUDA torch stack (torch's CUDA wheels and their nvidia-*
 dependencies come from the configured Python package index) on a local base image, then

@@ -1,5 +1,5 @@
 """envbuild build / verify / clean without a Docker engine: the context tar, the daemon's
-event stream, and how every failure maps to an exit code (FAULTS.md section F, the parts a
+event stream, and how every failure maps to an exit code (docs/faults.md section F, the parts a
 fake client can show; tests/test_docker_e2e.py runs the rest on a real engine)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FAULTS.md section A for resolve: bad input is one clear line and a documented exit code."""
+"""docs/faults.md section A for resolve: bad input is one clear line and a documented exit code."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""resolve → render → build → verify on a real Docker engine (issue 5), plus the section-F
-faults a real engine can show. Needs dockerd (see DEVELOPERS.md); skipped without one.
+"""resolve → render → build → verify on a real Docker engine, plus the section-F
+faults a real engine can show (docs/faults.md F). Needs dockerd (see DEVELOPERS.md); skipped without one.
 
 The base image is made locally with debootstrap (scripts/base-image.sh): no registry is
 reachable in CI. Its distribution python3 is 3.11, like a user's private mirror base.

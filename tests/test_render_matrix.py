@@ -1,4 +1,4 @@
-"""FAULTS.md C2: hadolint (--failure-threshold warning) on a Dockerfile for every family.
+"""docs/faults.md C2: hadolint (--failure-threshold warning) on a Dockerfile for every family.
 
 A family is one torch release × wheel variant (PyTorch's index, the package index's default
 wheel, or cpu) × flavour; resolve without a driver gives the top stack of each. Option-heavy

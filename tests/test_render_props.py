@@ -1,4 +1,4 @@
-"""FAULTS.md A and C3 as properties: per user field, valid random values keep the Dockerfile's
+"""docs/faults.md A and C3 as properties: per user field, valid random values keep the Dockerfile's
 instruction sequence (keywords and count) of a baseline, and values carrying a line break,
 quote or shell metacharacter are refused with UsageError (exit 2) before anything is written."""
 

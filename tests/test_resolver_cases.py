@@ -93,7 +93,7 @@ def test_there_are_enough_cases() -> None:
 
 
 def test_output_is_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
-    """FAULTS B5: ties break the same way on every run."""
+    """docs/faults.md B5: ties break the same way on every run."""
     first = run(["--driver", "550", "--gpu", "A100"], capsys)
     second = run(["--driver", "550", "--gpu", "A100"], capsys)
     assert first == second

@@ -545,7 +545,7 @@ install_driver() {
 create_venv() {
   rm -rf "$VENV"
   mkdir -p "$PREFIX"
-  TEMP_PATHS+=(/opt/envbuild/python.tar.gz) # gone however the run ends, a sha256 mismatch included (FAULTS D5)
+  TEMP_PATHS+=(/opt/envbuild/python.tar.gz) # gone however the run ends, a sha256 mismatch included (docs/faults.md D5)
   download "$PYTHON_URL" /opt/envbuild/python.tar.gz \
    && echo "$PYTHON_SHA256  /opt/envbuild/python.tar.gz" | sha256sum -c - \
    && mkdir -p /opt/envbuild/python \
