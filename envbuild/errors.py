@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 
@@ -125,14 +125,3 @@ def output_failed(exc: OSError) -> int:
     print(f"envbuild: error[output]: cannot write standard output: {reason} — "
           "redirect it to a writable file or free space", file=sys.stderr)
     return EXIT_OUTPUT
-
-
-def exit_code_of(action: Callable[[], object]) -> int:
-    """Run ``action`` as a script's whole work: 0, or an envbuild error's one line on
-    stderr and its exit code (for the maintainer scripts under bin/)."""
-    try:
-        action()
-    except EnvbuildError as error:
-        print(error.one_line(), file=sys.stderr)
-        return error.exit_code
-    return 0
