@@ -57,6 +57,18 @@ class WheelFile:
         return self.filename[: -len(".whl")].rsplit("-", 1)[1]
 
 
+_CPYTHON_TAG = re.compile(r"cp(\d)(\d+)")
+
+
+def cpython_of(tag: Tag) -> str | None:
+    """The CPython a wheel tag is built for, as the data writes it: "3.11", or "3.13t" for a
+    free-threaded build (abi ``cp313t``); None for other interpreters and the stable ABI."""
+    match = _CPYTHON_TAG.fullmatch(tag.interpreter)
+    if match is None or tag.abi == "abi3":
+        return None
+    return f"{match[1]}.{match[2]}" + ("t" if tag.abi.endswith("t") else "")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetadataRead:
     wheel: WheelFile

@@ -14,7 +14,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envbuild.upstream.simple_api import MetadataRead, WheelFile
+from envbuild.upstream.simple_api import MetadataRead, WheelFile, cpython_of
 
 LINUX_X86_64 = re.compile(r"(many)?linux(1|2010|2014|_\d+_\d+)?_x86_64")
 PREFERRED_PYTHON = "cp311"
@@ -286,9 +286,9 @@ def _pythons(wheels: Iterable[WheelFile], *, free_threaded: bool) -> tuple[str, 
     found: set[Version] = set()
     for wheel in wheels:
         for tag in wheel.tags:
-            match = re.fullmatch(r"cp(\d)(\d+)", tag.interpreter)
-            if match and tag.abi.endswith("t") == free_threaded and tag.abi != "abi3":
-                found.add(Version(f"{match[1]}.{match[2]}"))
+            python = cpython_of(tag)
+            if python is not None and python.endswith("t") == free_threaded:
+                found.add(Version(python.rstrip("t")))
     return tuple(str(version) for version in sorted(found))
 
 

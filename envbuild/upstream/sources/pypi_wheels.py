@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.errors import DataError
-from envbuild.upstream.simple_api import IndexClient, WheelFile
+from envbuild.upstream.simple_api import IndexClient, WheelFile, cpython_of
 from envbuild.upstream.sources import Context, Log, Row, SourceResult
 from envbuild.upstream.sources.pypi_source import PREFIX, CachedIndex, source_uri
 from envbuild.upstream.torch_facts import FIRST_TORCH, LINUX_MARKERS, LINUX_X86_64, exact_pin, releases
@@ -74,9 +74,9 @@ class PypiWheelsSource:
 def python_of(wheel: WheelFile) -> str | None:
     """"3.11" (or "3.13t") for a CPython wheel's tag; None for abi3 or non-CPython tags."""
     for tag in sorted(wheel.tags, key=str):
-        match = re.fullmatch(r"cp(\d)(\d+)", tag.interpreter)
-        if match and tag.abi != "abi3" and tag.abi != "none":
-            return f"{match[1]}.{match[2]}" + ("t" if tag.abi.endswith("t") else "")
+        found = cpython_of(tag) if tag.abi != "none" else None
+        if found is not None:
+            return found
     return None
 
 
