@@ -178,6 +178,7 @@ def test_host_faults_handled(matrix: matrixmod.Matrix) -> None:
     # D6: the one curl of a distro-Python stack runs inside download(), into a .part name.
     curls = [line for line in code if re.search(r"\bcurl -", line)]
     assert len(curls) == 1 and '-o "$part"' in curls[0], curls
+    assert "--proto =https --proto-redir =https" in curls[0]  # https only, redirects included
     assert "6 | 7 | 18 | 28 | 52 | 55 | 56)" in text
     assert "--retry-all-errors" not in "\n".join(code)  # Ubuntu 20.04's curl lacks it
     # D14 and D17: files written through write_atomic only, at fixed paths.

@@ -472,8 +472,7 @@ download() { # $1 URL, $2 file: status 0 with the whole file in place, else no f
     DOWNLOAD_RC=28 # out of time, as curl's own timeout reports it
     ((budget > 0)) || return 1
     DOWNLOAD_RC=0
-    timeout "$budget" curl -fsSL --proto =https --proto-redir =https --retry 3 --connect-timeout 30 \
-      -o "$part" "$url" || DOWNLOAD_RC=$?
+    timeout "$budget" curl -fsSL --proto =https --proto-redir =https --retry 3 --connect-timeout 30 -o "$part" "$url" || DOWNLOAD_RC=$?
     ((DOWNLOAD_RC != 124)) || DOWNLOAD_RC=28 # timeout(1) ended it
     if ((DOWNLOAD_RC == 0)); then
       mv -f "$part" "$file"
