@@ -201,5 +201,5 @@ def test_a_warm_plain_resolve_starts_without_the_costly_imports(argv: tuple[str,
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     costly = {"argparse", "dataclasses", "typing", "packaging.version", "packaging.specifiers",
-              "json.decoder", "pathlib", "envbuild.commands.cli"}
+              "json.decoder", "pathlib", "envbuild.commands.cli", "re"}
     assert imported & costly == set()

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
-import pytest
+import string
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envbuild.data import gpus
 from envbuild.data.gpus import coverage, find_gpu, target_from_arch
 from envbuild.errors import UsageError
 
@@ -66,3 +71,17 @@ def test_target_from_arch(arch: str, cc: str) -> None:
 def test_bad_arch(arch: str) -> None:
     with pytest.raises(UsageError):
         target_from_arch(arch, datacenter=None)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(
+    st.sampled_from(["nvidia", "NVIDIA", "GeForce", "tesla", "Quadro", "rtx", "4090", "nvidia_x", "xnvidia"]),
+    st.text(alphabet=string.ascii_letters + string.digits + " ._()/-\t\u00e9\u2028", max_size=3)),
+    max_size=8).map("".join))
+def test_name_rules_equal_the_regexes_they_replaced(name: str) -> None:
+    # GPU names are checked and folded by hand (``re`` is a seventh of resolve --gpu's start-up);
+    # these are the regexes the hand-written rules must match exactly.
+    import re
+
+    assert gpus._valid_name(name) == (re.fullmatch(r"[A-Za-z0-9 ._()/\-]{1,80}", name) is not None)
+    assert gpus._fold(name) == re.sub(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+", "", name.casefold())

@@ -12,8 +12,7 @@ from envbuild.smoke.rules import parse_arch_list as parse_arch_list  # the resol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import re
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any, Literal
 
     from envbuild.smoke.rules import ArchEntry as ArchEntry
@@ -71,48 +70,69 @@ class GpuTarget:
         return "sm_" + self.compute_capability.replace(".", "")
 
 
-_PATTERNS: dict[str, re.Pattern[str]] = {}
+# A GPU name as the user may type it; checked and folded by hand, because ``re`` (with the
+# enum module it imports) costs ``envbuild resolve --gpu`` a seventh of its start-up.
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
+_NOISE_WORDS = frozenset(("nvidia", "geforce", "tesla", "quadro"))
 
 
-def _pattern(name: str) -> re.Pattern[str]:
-    """The module's regexes, compiled on first use (``re`` costs start-up time)."""
-    if not _PATTERNS:
-        import re
-
-        _PATTERNS.update(
-            name=re.compile(r"[A-Za-z0-9 ._()/\-]{1,80}"),
-            noise=re.compile(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+"),
-        )
-    return _PATTERNS[name]
+def _valid_name(name: str) -> bool:
+    return 0 < len(name) <= 80 and all(c in _NAME_CHARS for c in name)
 
 
 def _fold(name: str) -> str:
-    return _pattern("noise").sub("", name.casefold())
+    """The name for lookups: casefolded, without the vendor words (whole words only) and
+    without spaces, underscores and hyphens ("NVIDIA GeForce RTX-4090" -> "rtx4090")."""
+    text, out, i = name.casefold(), [], 0
+    while i < len(text):
+        word = text[i].isalnum() or text[i] == "_"
+        j = i + 1
+        while j < len(text) and (text[j].isalnum() or text[j] == "_") == word:
+            j += 1
+        run = text[i:j]
+        if word:
+            if run not in _NOISE_WORDS:
+                out.append(run.replace("_", ""))
+        else:
+            out.append("".join(c for c in run if not c.isspace() and c != "-"))
+        i = j
+    return "".join(out)
 
 
-def find_gpu(rows: Iterable[Mapping[str, Any]], name: str) -> GpuTarget:
-    """Look a GPU up by name or alias, forgiving case, spaces and vendor words."""
-    if _pattern("name").fullmatch(name) is None:
+def gpu_keys(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Every GPU name and alias, folded, to the position of its row (the first row wins).
+    The resolver's index keeps this, so a lookup folds one name instead of all of them."""
+    keys: dict[str, int] = {}
+    for position, row in enumerate(rows):
+        for alias in (row["name"], *row.get("aliases", ())):
+            keys.setdefault(_fold(alias), position)
+    return keys
+
+
+def find_gpu(rows: Sequence[Mapping[str, Any]], name: str,
+             keys: Mapping[str, int] | None = None) -> GpuTarget:
+    """Look a GPU up by name or alias, forgiving case, spaces and vendor words; ``keys``:
+    ``gpu_keys(rows)``, when already at hand."""
+    if not _valid_name(name):
         from envbuild.errors import UsageError  # errors imports typing: only on the error path
 
         raise UsageError(f"invalid GPU name {name!r}",
                          hint="letters, digits, spaces and . _ - ( ) / only")
-    by_key: dict[str, Mapping[str, Any]] = {}
-    for row in rows:
-        for alias in (row["name"], *row.get("aliases", ())):
-            by_key.setdefault(_fold(alias), row)
-    found = by_key.get(_fold(name))
-    if found is None:
+    if keys is None:
+        keys = gpu_keys(rows)
+    position = keys.get(_fold(name))
+    if position is None:
         import difflib
 
         from envbuild.errors import UsageError
 
-        close = difflib.get_close_matches(_fold(name), list(by_key), n=3, cutoff=0.6)
-        names = list(dict.fromkeys(by_key[c]["name"] for c in close))  # closest first
+        close = difflib.get_close_matches(_fold(name), list(keys), n=3, cutoff=0.6)
+        names = list(dict.fromkeys(rows[keys[c]]["name"] for c in close))  # closest first
         hint = f"Perhaps you meant {' or '.join(names)}?" if names else (
             "give --arch sm_XY instead, or see 'envbuild matrix show gpus'"
         )
         raise UsageError(f"unknown GPU {name!r}", hint=hint)
+    found = rows[position]
     return target_from_row(found, label=found["name"])
 
 

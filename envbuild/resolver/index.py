@@ -38,7 +38,7 @@ KEPT_FIELDS = {
     "torch_companions": ("torch", "torchvision", "torchaudio"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         with suppress(InvalidVersion):  # else looked up at run time, failing as it always did
             into[text] = Version(text).release
 
-    from envbuild.data.gpus import parse_arch_list
+    from envbuild.data.gpus import gpu_keys, parse_arch_list
 
     rows = {name: [{k: v for k, v in r.items() if k in keep} for r in matrix.rows(name)]
             for name, keep in KEPT_FIELDS.items()}
@@ -92,6 +92,7 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "arch": {tuple(r["arch_list"]): parse_arch_list(r["arch_list"])
                  for r in rows["torch_variants"] if r.get("arch_list")},
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
+        "gpu_keys": gpu_keys(rows["gpus"]),
     }
 
 
@@ -151,6 +152,7 @@ class Index:
         self._pythons: dict[tuple[str, ...], list[str]] = data["pythons"]
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
+        self.gpu_keys: dict[str, int] = data["gpu_keys"]  # folded GPU names → rows("gpus") positions
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}
 
     def rows(self, relation: str) -> list[Row]:

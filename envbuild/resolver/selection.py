@@ -12,7 +12,7 @@ from envbuild.smoke.rules import is_python_version, is_variant_selector
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any, Protocol
 
     from envbuild.data.gpus import GpuTarget
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     class HasRows(Protocol):
         """A Matrix, or the resolver's index of one."""
 
-        def rows(self, relation: str) -> Iterable[Mapping[str, Any]]: ...
+        def rows(self, relation: str) -> Sequence[Mapping[str, Any]]: ...
 
 
 SELECTOR_FIELDS = ("driver", "host", "gpu", "arch", "datacenter", "torch", "python", "cuda", "cudnn",
@@ -73,7 +73,8 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
     if args.gpu or args.arch:  # gpus.py (and re) only when a GPU is named
         from envbuild.data.gpus import find_gpu, target_from_arch
 
-        gpus = [find_gpu(matrix.rows("gpus"), name) for name in args.gpu]
+        rows, keys = matrix.rows("gpus"), getattr(matrix, "gpu_keys", None)  # an Index has them
+        gpus = [find_gpu(rows, name, keys) for name in args.gpu]
         gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
                  for arch in args.arch]
     if args.host:
