@@ -19,11 +19,11 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import DataError
+from envbuild.smoke.rules import is_wheel_variant
 from envbuild.upstream.sources import Context, Log, Row, SourceResult, cuda_minors, with_digest
 from envbuild.upstream.torch_facts import FIRST_TORCH, LINUX_X86_64
 
 DEFAULT_URL = "https://download.pytorch.org/whl/"
-VARIANT = re.compile(r"cpu|cu\d{3,4}")
 
 
 class _Links(html.parser.HTMLParser):
@@ -92,7 +92,7 @@ def variants_to_read(existing: Mapping[str, tuple[Row, ...]]) -> list[str]:
     named = {str(r["variant"]) for r in existing.get("torch_variants", ())}
     named |= {str(r["default_variant"]) for r in existing.get("torch_pypi", ())}
     named.add("cpu")
-    return sorted(v for v in named if VARIANT.fullmatch(v))
+    return sorted(v for v in named if is_wheel_variant(v))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
