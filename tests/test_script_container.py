@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KEYRINGS, TEST_KEY_FINGERPRINT, keyring_deb, with_test_key
 
 from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
@@ -77,7 +78,9 @@ def rendered() -> dict[str, bytes]:
     lock = replace(lock, packages=lockmod.pins(lock.stack))
     lockmod.check_lock(lock)
     assert lock.packages == {"torch": TORCH}, lock.packages
-    return script.render_script(lock)
+    files = script.render_script(lock)
+    # The test host's keyring package holds the test key, not NVIDIA's: the script trusts it instead.
+    return {**files, "install.sh": with_test_key(files["install.sh"])}
 
 
 def _wheel() -> tuple[str, bytes]:
@@ -136,7 +139,7 @@ class Host:
 
 
 @pytest.fixture
-def host(docker_client: Any, rendered: dict[str, bytes]) -> Iterator[Host]:
+def host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
     container = docker_client.containers.run(
         IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
         labels={"dev.envbuild.test": "script"})
@@ -146,6 +149,8 @@ def host(docker_client: Any, rendered: dict[str, bytes]) -> Iterator[Host]:
         files |= {f"stubs/{p.name}": (p.read_bytes(), 0o755) for p in STUBS.iterdir()
                   if p.suffix != ".md"}
         files[f"index/simple/torch/{wheel_name}"] = (wheel, 0o644)
+        trusted = keyring_deb(tmp_path, {"cuda-archive-keyring.gpg": (KEYRINGS / "trusted.gpg").read_bytes()})
+        files["stubs/cuda-keyring.deb"] = (trusted.read_bytes(), 0o644)
         container.put_archive("/", _tar(files))
         h = Host(container)
         h.sh(f"mkdir -p /stub-state && printf '%s' '{UBUNTU_2204}' > /etc/os-release.ubuntu")
@@ -268,6 +273,20 @@ def test_keyring_404_stops_before_any_repository_entry(host: Host) -> None:
     assert "apt-get install" not in host.log()
     assert host.snapshot() == before  # no keyring, no sources entry, no temporary file left
     assert curl_calls(host) == 1  # an HTTP error is not a network drop: not retried
+
+
+def test_keyring_with_another_key_is_not_installed(host: Host, tmp_path: Path) -> None:
+    ubuntu(host)
+    host.state(gpu="1")
+    other = keyring_deb(tmp_path / "other",
+                        {"cuda-archive-keyring.gpg": (KEYRINGS / "other.gpg").read_bytes()})
+    host.container.put_archive("/", _tar({"stubs/cuda-keyring.deb": (other.read_bytes(), 0o644)}))
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 1, out
+    assert f"holds a key other than NVIDIA's repository key {TEST_KEY_FINGERPRINT}; not installed" in out
+    assert "apt-get install" not in host.log().replace("apt-get install -y curl", "")
+    assert host.snapshot() == before  # no keyring, no sources entry, no temporary file left
 
 
 def test_secure_boot_with_dkms_driver_exits_9(host: Host) -> None:

@@ -19,6 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import (
+    KEYRINGS,
+    NVIDIA_KEY_LINE,
+    OTHER_KEY_FINGERPRINT,
+    TEST_KEY_FINGERPRINT,
+    keyring_deb,
+    with_test_key,
+)
 
 from envbuild.render import docker as render
 from envbuild.render import script
@@ -203,3 +211,54 @@ def test_secure_boot_read_from_efivars_without_mokutil(functions: Path, ca: trus
 def Handler_of(server: Server) -> type[Handler]:
     handler: type[Handler] = server.httpd.RequestHandlerClass  # type: ignore[assignment]
     return handler
+
+
+# --- NVIDIA's keyring: installed only when every key in it is the one NVIDIA publishes ---------
+
+
+def asks_trust(deb: Path, scratch: Path) -> str:
+    return f'if keyring_is_nvidias "{deb}" "{scratch}"; then echo yes; else echo no; fi'
+
+
+@pytest.fixture(scope="module")
+def functions_test_key(functions: Path) -> Path:
+    """The same functions, trusting the test key in place of NVIDIA's."""
+    path = functions.with_name("functions-test-key.sh")
+    path.write_bytes(with_test_key(functions.read_bytes()))
+    return path
+
+
+def test_rendered_script_trusts_nvidias_published_key(functions: Path) -> None:
+    assert functions.read_text().count(NVIDIA_KEY_LINE) == 1
+
+
+def test_keyring_fingerprints_agree_with_gpg(functions: Path, ca: trustme.CA, tmp_path: Path) -> None:
+    deb = keyring_deb(tmp_path, {"cuda-archive-keyring.gpg": (KEYRINGS / "trusted.gpg").read_bytes(),
+                                 "other.gpg": (KEYRINGS / "other.gpg").read_bytes()})
+    done = run(functions, f'keyring_fingerprints "{deb}" "{tmp_path}"', ca, tmp_path)
+    assert sorted(done.stdout.split()) == sorted([TEST_KEY_FINGERPRINT, OTHER_KEY_FINGERPRINT]), done.stderr
+
+
+@pytest.mark.parametrize(("keyrings", "trusted"), [
+    ({"cuda-archive-keyring.gpg": ["trusted"]}, True),
+    ({"cuda-archive-keyring.gpg": ["other"]}, False),
+    ({"cuda-archive-keyring.gpg": ["trusted", "other"]}, False),  # one more key in the same file
+    ({"cuda-archive-keyring.gpg": ["trusted"], "extra.gpg": ["other"]}, False),  # or beside it
+    ({"cuda-archive-keyring.gpg": []}, False),  # no key at all
+    ({"cuda-archive-keyring.gpg": ["trusted"], "extra.asc": ["other"]}, False),  # apt trusts .asc too
+], ids=["nvidias", "another", "nvidias-plus-one", "second-file", "empty", "armored-file"])
+def test_keyring_is_installed_only_with_nvidias_key_alone(functions_test_key: Path, ca: trustme.CA,
+                                                          tmp_path: Path, keyrings: dict[str, list[str]],
+                                                          trusted: bool) -> None:
+    deb = keyring_deb(tmp_path, {name: b"".join((KEYRINGS / f"{k}.gpg").read_bytes() for k in keys)
+                                 for name, keys in keyrings.items()})
+    done = run(functions_test_key, asks_trust(deb, tmp_path), ca, tmp_path)
+    assert done.stdout.strip() == ("yes" if trusted else "no"), done.stderr
+
+
+def test_a_download_that_is_no_package_is_refused(functions_test_key: Path, ca: trustme.CA,
+                                                  tmp_path: Path) -> None:
+    page = tmp_path / "cuda-keyring_1.1-1_all.deb"
+    page.write_text("<html>a captive portal's page</html>")
+    done = run(functions_test_key, asks_trust(page, tmp_path), ca, tmp_path)
+    assert done.stdout.strip() == "no", done.stderr

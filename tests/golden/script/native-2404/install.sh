@@ -33,6 +33,11 @@ readonly REBOOT_FLAG=/var/run/reboot-required
 # NVIDIA's network repository keyring package (replaces apt-key); its file name is the same for every
 # supported Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Network Repo Installation).
 readonly KEYRING_DEB=cuda-keyring_1.1-1_all.deb
+# The key NVIDIA signs its Debian/Ubuntu CUDA repositories with ("cudatools <cudatools@nvidia.com>", RSA,
+# 2022-04-14), as NVIDIA publishes it: https://github.com/NVIDIA/cuda-repo-management/blob/main/SIGNATURES.md
+# ("Primary key fingerprint: EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC", read 2026-11-24). The
+# keyring package is installed as root, so every key it would make apt trust must be this one.
+readonly NVIDIA_KEY_FINGERPRINT=EB693B3035CD5710E231E123A4B469963BF863CC
 readonly DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
 # Keeps nouveau from taking the GPU at boot; the two lines and the initramfs rebuild are NVIDIA's own
 # steps for Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Disabling Nouveau).
@@ -408,6 +413,7 @@ plan() {
   if ((NEED_NVIDIA_REPO)) && ! installed cuda-keyring; then
     PLAN=("install NVIDIA's keyring $NVIDIA_REPO/$KEYRING_DEB" "${PLAN[@]}")
     command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
+    command -v python3 >/dev/null 2>&1 || APT_NEEDED+=(python3) # reads the keyring's fingerprints
   fi
   local package
   if [[ $PYTHON_PROVISION == distro ]]; then
@@ -489,6 +495,63 @@ download() { # $1 URL, $2 file: status 0 with the whole file in place, else no f
   done
 }
 
+keyring_fingerprints() { # $1 a keyring .deb, $2 a scratch dir: the primary keys it holds, one a line
+  dpkg-deb --fsys-tarfile "$1" >"$2/data.tar" 2>/dev/null || return 1
+  # OpenPGP v4 fingerprint: SHA-1 of 0x99, the two-byte length and the public-key packet body
+  # (RFC 4880, 12.2); packets are walked by their headers (4.2). Anything unreadable fails.
+  python3 - "$2/data.tar" <<'PY'
+import hashlib, sys, tarfile
+
+def packets(data):
+    i = 0
+    while i < len(data):
+        head = data[i]
+        if not head & 0x80:
+            raise ValueError("not an OpenPGP packet")
+        if head & 0x40:  # new format
+            tag, first = head & 0x3F, data[i + 1]
+            if first < 192:
+                size, i = first, i + 2
+            elif first < 224:
+                size, i = ((first - 192) << 8) + data[i + 2] + 192, i + 3
+            elif first == 255:
+                size, i = int.from_bytes(data[i + 2:i + 6], "big"), i + 6
+            else:
+                raise ValueError("partial length in a key")
+        else:
+            tag, kind = (head >> 2) & 0x0F, head & 3
+            if kind == 3:
+                raise ValueError("indeterminate length in a key")
+            width = (1, 2, 4)[kind]
+            size, i = int.from_bytes(data[i + 1:i + 1 + width], "big"), i + 1 + width
+        body = data[i:i + size]
+        if len(body) != size:
+            raise ValueError("truncated packet")
+        i += size
+        yield tag, body
+
+with tarfile.open(sys.argv[1]) as tar:
+    for member in tar:
+        # Every key file the package ships, wherever it goes (apt trusts .gpg and armored .asc
+        # files; armor is not read here, so an .asc file fails the check).
+        if member.isfile() and member.name.endswith((".gpg", ".asc")):
+            if member.name.endswith(".asc"):
+                raise ValueError("an armored key file")
+            for tag, body in packets(tar.extractfile(member).read()):
+                if tag == 6:  # a primary public key; subkeys (14) belong to it
+                    if body[0] != 4:
+                        raise ValueError("not a v4 key")
+                    digest = hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body)
+                    print(digest.hexdigest().upper())
+PY
+}
+
+keyring_is_nvidias() { # $1 the downloaded keyring .deb, $2 a scratch dir
+  local found
+  found=$(keyring_fingerprints "$1" "$2") || return 1
+  [[ -n $found && -z $(grep -vx "$NVIDIA_KEY_FINGERPRINT" <<<"$found" || true) ]]
+}
+
 install_keyring() {
   installed cuda-keyring && return 0
   local dir
@@ -499,6 +562,10 @@ install_keyring() {
   if ! download "$NVIDIA_REPO/$KEYRING_DEB" "$dir/$KEYRING_DEB"; then
     rm -rf "$dir"
     die 1 "cannot download $NVIDIA_REPO/$KEYRING_DEB (curl exit $DOWNLOAD_RC); check the network, then run again"
+  fi
+  if ! keyring_is_nvidias "$dir/$KEYRING_DEB" "$dir"; then
+    rm -rf "$dir"
+    die 1 "$NVIDIA_REPO/$KEYRING_DEB holds a key other than NVIDIA's repository key $NVIDIA_KEY_FINGERPRINT; not installed"
   fi
   apt_install "$dir/$KEYRING_DEB"
   rm -rf "$dir"
