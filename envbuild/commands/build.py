@@ -71,6 +71,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     from envbuild.engine.daemon import connect
 
     tag = check_tag(args.tag) if args.tag else None
+    _check_report(args.report)
     lock, files = render_context(args, env)
     tag = tag or default_tag(lock)
     client = connect(env)
@@ -90,6 +91,14 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     out(f"built {result.tag} ({result.image_id[:19]}, {result.size / 1e9:.2f} GB, "
         f"{result.seconds:.0f} s, {result.steps} steps)")
     return 0
+
+
+def _check_report(path: str | None) -> None:
+    """--report FILE that could never be written is exit 2 before Docker is contacted."""
+    from envbuild.fs import check_file_target
+
+    if path:
+        check_file_target(Path(path))
 
 
 def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = False) -> None:
@@ -112,6 +121,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     options = VerifyOptions(gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=args.timeout,
                             memory=args.memory, shm_size=args.shm_size, tier=args.tier)
     check_options(options)
+    _check_report(args.report)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
     warn_leftovers(client, warn)
     result = verify(client, args.image, options, warn)
