@@ -45,6 +45,13 @@ _SPECIAL = (
 FileData = bytes | Path
 
 
+class RefusedTarget(UsageError, OSError):
+    """Something is at the target that envbuild must not replace (a link, device, FIFO,
+    socket, a directory it did not write, the current directory): exit 2. It is also an
+    OSError, so a best-effort writer (a cache) that skips an unwritable path skips a
+    refused one too instead of failing the command."""
+
+
 class UnwritableDirectory(OSError):
     """The directory that would hold a new file or tree refuses to (read-only, no space,
     no permission): nothing was written, which callers report as bad output paths."""
@@ -59,7 +66,7 @@ def check_not_special(path: Path) -> os.stat_result | None:
         return None
     for test, what in _SPECIAL:
         if test(st.st_mode):
-            raise UsageError(f"refusing to replace {path}: it is {what}",
+            raise RefusedTarget(f"refusing to replace {path}: it is {what}",
                              hint="name a new path or a regular file/directory envbuild may replace")
     return st
 
@@ -68,7 +75,7 @@ def check_file_target(path: Path) -> None:
     """Refuse a target ``write_file`` must not replace: anything but a regular file."""
     st = check_not_special(path)
     if st is not None and stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"refusing to write {path}: it is a directory", hint="name a file to write")
+        raise RefusedTarget(f"refusing to write {path}: it is a directory", hint="name a file to write")
 
 
 def check_tree_target(target: Path) -> None:
@@ -78,13 +85,13 @@ def check_tree_target(target: Path) -> None:
     if st is None:
         return
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"output {target} exists and is not a directory",
+        raise RefusedTarget(f"output {target} exists and is not a directory",
                          hint="name a new or an empty directory")
     real = Path(os.path.realpath(target))
     cwd = Path(os.path.realpath(os.getcwd()))
     if real == cwd or real in cwd.parents:
         what = "the current directory" if real == cwd else "an ancestor of the current directory"
-        raise UsageError(f"refusing to replace {target}: it is {what}",
+        raise RefusedTarget(f"refusing to replace {target}: it is {what}",
                          hint="name a new subdirectory, e.g. -o out")
 
 
@@ -101,7 +108,10 @@ def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = T
     Anything at ``path`` but a regular file is refused (UsageError), never replaced."""
     path = Path(path)
     check_file_target(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UnwritableDirectory(exc.errno, exc.strerror, str(path.parent)) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -125,7 +135,7 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
     target = Path(os.path.abspath(target))  # not resolved: a link at the end is refused, not followed
     check_tree_target(target)
     if target.is_dir() and any(target.iterdir()) and not written_by_envbuild(target):
-        raise UsageError(f"refusing to replace {target}: envbuild did not write it (no {MARKER} in it)",
+        raise RefusedTarget(f"refusing to replace {target}: envbuild did not write it (no {MARKER} in it)",
                          hint="--force replaces only directories envbuild wrote; "
                               "choose a new directory or empty this one yourself")
     if MARKER in files:

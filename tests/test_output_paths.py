@@ -250,3 +250,38 @@ def test_write_tree_refuses_links_and_foreign_directories(tmp_path: Path) -> Non
         write_tree({MARKER: b"mine"}, tmp_path / "new")
     assert untouched(tmp_path) and [p.name for p in foreign.iterdir()] == ["x"]
     assert not (tmp_path / "new").exists()
+
+
+# --- unwritable directories (A19) and best-effort writers -----------------------------------------
+
+
+def refuse_temporaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only filesystem beside the target (root ignores modes, so it is simulated)."""
+    import tempfile
+
+    def read_only(*args: object, **kwargs: object) -> str:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+
+
+@pytest.mark.parametrize("command", [["lock", "--driver", "550"], ["render", "docker", "--driver", "550"]])
+def test_an_unwritable_directory_is_exit_2(command: list[str], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    refuse_temporaries(monkeypatch)
+    code, err = run(capsys, *command, "-o", str(tmp_path / "out"))
+    assert refused(code, err, tmp_path, "Read-only file system"), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_cache_path_is_skipped_not_fatal(tmp_path: Path) -> None:
+    from envbuild.data.matrix import _write_json_cache
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (tmp_path / "elsewhere").write_bytes(b"precious")
+    (cache / "matrices-abc.json").symlink_to(tmp_path / "elsewhere")
+    _write_json_cache(cache, "abc", {})  # a cache is an optimisation: no error
+    assert (tmp_path / "elsewhere").read_bytes() == b"precious"

@@ -21,7 +21,7 @@ from envbuild.commands.options import (
     add_selectors,
     warn,
 )
-from envbuild.errors import GpuRuntimeMissing, SmokeFailed
+from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
 
 if TYPE_CHECKING:
     from envbuild.engine.build import BuildEvent
@@ -102,9 +102,12 @@ def _check_report(path: str | None) -> None:
 
 
 def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = False) -> None:
-    from envbuild.fs import write_file
+    from envbuild.fs import UnwritableDirectory, write_file
 
-    write_file(Path(path), (json.dumps(report, indent=2, sort_keys=sort_keys) + "\n").encode())
+    try:
+        write_file(Path(path), (json.dumps(report, indent=2, sort_keys=sort_keys) + "\n").encode())
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
 
 
 def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

@@ -68,7 +68,7 @@ def warn_duplicate_cuda(lock: Lock) -> None:
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.fs import check_file_target, write_file
+    from envbuild.fs import UnwritableDirectory, check_file_target, write_file
 
     path = Path(args.output)
     check_file_target(path)  # a directory, link or device is exit 2 before any resolving
@@ -76,7 +76,10 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     warn_duplicate_cuda(lock)
     if not path.parent.resolve().is_dir():
         raise UsageError(f"directory of {path} does not exist")
-    write_file(path, lock.to_json().encode("utf-8"))
+    try:
+        write_file(path, lock.to_json().encode("utf-8"))
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
     out(f"wrote {path}")
     return 0
 
