@@ -5,22 +5,51 @@ final mode and renamed over the target; a directory is assembled beside its targ
 swapped in whole. Regular files are 0644 and directories 0755 unless a caller asks for
 another mode: what envbuild writes (locks, Dockerfiles, data) holds no secret, and a
 build or a CI job run as another user must be able to read it.
+
+Only regular files and directories are ever replaced. A symbolic link, device, FIFO or
+socket at the target is refused (exit 2), never followed or replaced: as root, renaming
+over ``/dev/null`` or through a link would change the system. A directory is replaced
+only when it is empty or holds ``MARKER`` (envbuild wrote it), and never when it is the
+current directory or one of its ancestors.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from envbuild.errors import UsageError
+
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+
+# Written into every directory write_tree makes (beside the caller's files, not one of
+# them): its presence is what lets --force replace the directory later.
+MARKER = ".envbuild-output"
+MARKER_TEXT = b"Written by envbuild. `--force` replaces this directory as a whole.\n"
+
+_SPECIAL = (
+    (stat.S_ISLNK, "a symbolic link (not followed)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 # A file's contents: bytes, or a path whose bytes are copied (large wheels are not read
 # into memory).
 FileData = bytes | Path
+
+
+class RefusedTarget(UsageError, OSError):
+    """Something is at the target that envbuild must not replace (a link, device, FIFO,
+    socket, a directory it did not write, the current directory): exit 2. It is also an
+    OSError, so a best-effort writer (a cache) that skips an unwritable path skips a
+    refused one too instead of failing the command."""
 
 
 class UnwritableDirectory(OSError):
@@ -28,10 +57,61 @@ class UnwritableDirectory(OSError):
     no permission): nothing was written, which callers report as bad output paths."""
 
 
+def check_not_special(path: Path) -> os.stat_result | None:
+    """``path``'s own status (``None`` when nothing is there); a symbolic link, device,
+    FIFO or socket is a UsageError naming it."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for test, what in _SPECIAL:
+        if test(st.st_mode):
+            raise RefusedTarget(f"refusing to replace {path}: it is {what}",
+                             hint="name a new path or a regular file/directory envbuild may replace")
+    return st
+
+
+def check_file_target(path: Path) -> None:
+    """Refuse a target ``write_file`` must not replace: anything but a regular file."""
+    st = check_not_special(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise RefusedTarget(f"refusing to write {path}: it is a directory", hint="name a file to write")
+
+
+def check_tree_target(target: Path) -> None:
+    """Refuse a target ``write_tree`` must not replace whatever the caller allows: a
+    non-directory, a link or special file, the current directory or an ancestor of it."""
+    st = check_not_special(target)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise RefusedTarget(f"output {target} exists and is not a directory",
+                         hint="name a new or an empty directory")
+    real = Path(os.path.realpath(target))
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if real == cwd or real in cwd.parents:
+        what = "the current directory" if real == cwd else "an ancestor of the current directory"
+        raise RefusedTarget(f"refusing to replace {target}: it is {what}",
+                         hint="name a new subdirectory, e.g. -o out")
+
+
+def written_by_envbuild(target: Path) -> bool:
+    """Whether ``target`` is a directory envbuild wrote (it holds a regular ``MARKER``)."""
+    try:
+        return stat.S_ISREG(os.lstat(Path(target) / MARKER).st_mode)
+    except OSError:
+        return False
+
+
 def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = True) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it: complete or untouched."""
+    """Write ``data`` to ``path`` through a temporary file beside it: complete or untouched.
+    Anything at ``path`` but a regular file is refused (UsageError), never replaced."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    check_file_target(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UnwritableDirectory(exc.errno, exc.strerror, str(path.parent)) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -39,6 +119,7 @@ def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = T
             if sync:
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)  # mkstemp's 0600 is not what a reader of the output expects
+        check_file_target(path)  # again: the slow write left time for the path to change
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -46,11 +127,19 @@ def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = T
 
 
 def write_tree(files: Mapping[str, FileData], target: Path) -> None:
-    """Make ``target`` a directory holding exactly ``files`` (relative names), atomically:
-    the new tree is assembled beside it and swapped in; an existing ``target`` is replaced
-    as a whole (moved aside, the new one renamed in, the old one removed). Callers decide
-    whether replacing is allowed."""
-    target = Path(target)
+    """Make ``target`` a directory holding exactly ``files`` (relative names) and
+    ``MARKER``, atomically: the new tree is assembled beside it and swapped in; an existing
+    ``target`` is replaced as a whole (moved aside, the new one renamed in, the old one
+    removed). Callers decide whether replacing is allowed at all; whatever they decide, only
+    an empty directory or one envbuild wrote is replaced (see ``check_tree_target``)."""
+    target = Path(os.path.abspath(target))  # not resolved: a link at the end is refused, not followed
+    check_tree_target(target)
+    if target.is_dir() and any(target.iterdir()) and not written_by_envbuild(target):
+        raise RefusedTarget(f"refusing to replace {target}: envbuild did not write it (no {MARKER} in it)",
+                         hint="--force replaces only directories envbuild wrote; "
+                              "choose a new directory or empty this one yourself")
+    if MARKER in files:
+        raise ValueError(f"{MARKER} is written by write_tree, not by its callers")
     try:
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     except OSError as exc:
@@ -64,6 +153,8 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
             else:
                 dest.write_bytes(data)
             os.chmod(dest, FILE_MODE)
+        (tmp / MARKER).write_bytes(MARKER_TEXT)
+        os.chmod(tmp / MARKER, FILE_MODE)
         os.chmod(tmp, DIR_MODE)  # mkdtemp's 0700 would surprise whoever builds from it
         _swap_in(tmp, target)
     except BaseException:
@@ -72,7 +163,8 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
 
 
 def _swap_in(tmp: Path, target: Path) -> None:
-    if not target.exists():
+    check_tree_target(target)  # again, just before the swap
+    if not os.path.lexists(target):
         os.replace(tmp, target)
         return
     old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))

@@ -19,6 +19,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.peaks import peaks_json
 from envbuild.errors import UsageError
+from envbuild.fs import MARKER
 from envbuild.render import bake, ci, github
 from envbuild.render import docker as render
 from envbuild.render.lock import read_lock
@@ -61,8 +62,9 @@ def run_ci(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, st
 
 
 def tree(root: Path) -> dict[str, bytes]:
+    """The rendered files; the writer's own marker (envbuild.fs.MARKER) is no rendered file."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
 
 
 @pytest.fixture(scope="module")
@@ -482,11 +484,12 @@ def test_no_distro_python_stack_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
 def test_existing_output_untouched_without_force(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep").write_text("mine")
     argv = [*CASES["bake-cpu"], "-o", str(out)]
+    assert run_ci(capsys, *argv)[0] == 0  # --force replaces only a directory envbuild wrote
+    (out / "keep").write_text("mine")
+    before = tree(out)
     code, _, err = run_ci(capsys, *argv)
-    assert code == 2 and "not empty" in err and tree(out) == {"keep": b"mine"}
+    assert code == 2 and "not empty" in err and tree(out) == before
     code, stdout, _ = run_ci(capsys, *argv, "--force")
     assert code == 0 and "1 stack:" in stdout
     assert "keep" not in tree(out) and bake.BAKE_PATH in tree(out)

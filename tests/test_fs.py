@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.fs import write_file, write_tree
+from envbuild.fs import MARKER, MARKER_TEXT, write_file, write_tree
 
 
 def mode(path: Path) -> int:
@@ -42,13 +42,14 @@ def test_write_tree_replaces_whole_and_sets_modes(tmp_path: Path) -> None:
     source = tmp_path / "big.whl"
     source.write_bytes(b"wheel")
     out = tmp_path / "out"
-    out.mkdir()
+    write_tree({"old": b"1"}, out)  # envbuild wrote it, so it may be replaced
     (out / "stale").write_text("from an earlier render")
     write_tree({"Dockerfile": b"FROM x\n", "wheels/big.whl": source}, out)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
-        "Dockerfile", "wheels", "wheels/big.whl"]
+        MARKER, "Dockerfile", "wheels", "wheels/big.whl"]
     assert (out / "wheels" / "big.whl").read_bytes() == b"wheel"
-    assert (mode(out), mode(out / "Dockerfile")) == (0o755, 0o644)
+    assert (out / MARKER).read_bytes() == MARKER_TEXT
+    assert (mode(out), mode(out / "Dockerfile"), mode(out / MARKER)) == (0o755, 0o644, 0o644)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.whl", "out"]
 
 
@@ -56,7 +57,8 @@ def test_write_tree_failure_leaves_target_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep").write_text("kept")
+    (out / MARKER).write_bytes(MARKER_TEXT)
     with pytest.raises(OSError):
         write_tree({"a": b"1", "a/b": b"2"}, out)  # "a" is a file, so "a/b" cannot be written
-    assert [p.name for p in out.iterdir()] == ["keep"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "keep"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -14,7 +14,7 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.gpus import find_gpu
 from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
-from envbuild.fs import write_file
+from envbuild.fs import MARKER, write_file
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render.output import write_output
@@ -207,14 +207,14 @@ def test_standalone_python_required(matrix: matrixmod.Matrix) -> None:
 def test_existing_output_untouched_without_force(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
     files = render_case("driver550-top", matrix, tmp_path)
     out = tmp_path / "out"
-    out.mkdir()
+    write_output({"old": b"1"}, out, force=False)  # --force replaces only what envbuild wrote
     (out / "keep").write_bytes(b"mine")
     with pytest.raises(UsageError, match="not empty"):  # A18
         write_output(files, out, force=False)
-    assert [p.name for p in out.iterdir()] == ["keep"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "keep", "old"]
     assert (out / "keep").read_bytes() == b"mine"
     write_output(files, out, force=True)
-    assert sorted(p.name for p in out.iterdir()) == sorted(files)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*files, MARKER])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -242,8 +242,8 @@ def test_cloud_init_writes_the_three_files_then_runs(matrix: matrixmod.Matrix) -
 
 def test_cli_render_script_and_cloud_init(tmp_path: Path) -> None:
     lines: list[str] = []
-    for target, wanted in (("script", ["envbuild.lock", "install.sh", "smoke.py"]),
-                           ("cloud-init", ["envbuild.lock", "user-data"])):
+    for target, wanted in (("script", [".envbuild-output", "envbuild.lock", "install.sh", "smoke.py"]),
+                           ("cloud-init", [".envbuild-output", "envbuild.lock", "user-data"])):
         out = tmp_path / target
         assert cli.main(["render", target, "--driver", "550", "-o", str(out)], env={}) == 0
         assert sorted(p.name for p in out.iterdir()) == wanted

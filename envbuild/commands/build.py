@@ -21,7 +21,7 @@ from envbuild.commands.options import (
     add_selectors,
     warn,
 )
-from envbuild.errors import GpuRuntimeMissing, SmokeFailed
+from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
 
 if TYPE_CHECKING:
     from envbuild.engine.build import BuildEvent
@@ -71,6 +71,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     from envbuild.engine.daemon import connect
 
     tag = check_tag(args.tag) if args.tag else None
+    _check_report(args.report)
     lock, files = render_context(args, env)
     tag = tag or default_tag(lock)
     client = connect(env)
@@ -92,10 +93,21 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     return 0
 
 
-def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = False) -> None:
-    from envbuild.fs import write_file
+def _check_report(path: str | None) -> None:
+    """--report FILE that could never be written is exit 2 before Docker is contacted."""
+    from envbuild.fs import check_file_target
 
-    write_file(Path(path), (json.dumps(report, indent=2, sort_keys=sort_keys) + "\n").encode())
+    if path:
+        check_file_target(Path(path))
+
+
+def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    from envbuild.fs import UnwritableDirectory, write_file
+
+    try:
+        write_file(Path(path), (json.dumps(report, indent=2, sort_keys=sort_keys) + "\n").encode())
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
 
 
 def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
@@ -112,6 +124,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     options = VerifyOptions(gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=args.timeout,
                             memory=args.memory, shm_size=args.shm_size, tier=args.tier)
     check_options(options)
+    _check_report(args.report)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
     warn_leftovers(client, warn)
     result = verify(client, args.image, options, warn)

@@ -68,14 +68,18 @@ def warn_duplicate_cuda(lock: Lock) -> None:
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.fs import write_file
+    from envbuild.fs import UnwritableDirectory, check_file_target, write_file
 
+    path = Path(args.output)
+    check_file_target(path)  # a directory, link or device is exit 2 before any resolving
     lock = resolve_lock(args, env, load_matrix(args, env))
     warn_duplicate_cuda(lock)
-    path = Path(args.output)
     if not path.parent.resolve().is_dir():
         raise UsageError(f"directory of {path} does not exist")
-    write_file(path, lock.to_json().encode("utf-8"))
+    try:
+        write_file(path, lock.to_json().encode("utf-8"))
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
     out(f"wrote {path}")
     return 0
 

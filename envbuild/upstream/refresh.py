@@ -250,6 +250,9 @@ def prepare_out(source: Path, out: Path) -> Path:
 
 
 def check_out(out: Path) -> None:
+    from envbuild.fs import check_not_special
+
+    check_not_special(out)  # a link to an empty directory is refused, not written through
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty directory",
                          hint="choose a new directory; existing files are never overwritten")
