@@ -34,7 +34,8 @@ BASE = "mirror.example/nvidia/cuda:12.4.1-base-ubuntu22.04@sha256:" + "b" * 64
 # Spliced into (or replacing) a string value: line breaks, NUL, quotes, shell and Dockerfile syntax.
 HOSTILE = ["\n", "\r", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\x00", "\nRUN id", "x\nRUN id",
            ";", "; id", "$(id)", "`id`", "${PATH}", "'", '"', "\\", " ", "\t", "&&", "|", "#",
-           "\\\nRUN id", "--index-url=https://evil.example/", "=", "@", "x" * 5000]
+           "\\\nRUN id", "--index-url=https://evil.example/", "=", "@", "\ud800", "\udcff",
+           "x" * 5000]
 # Replacing any value: the wrong JSON type.
 WRONG_TYPES: list[Any] = [None, 0, 1.5, True, [], {}, ["x"], {"x": "y"}]
 
@@ -264,3 +265,12 @@ def test_render_docker_refuses_a_hostile_stack_value(field: str, baselines: dict
     err = capsys.readouterr().err
     assert err.startswith("envbuild: error[usage]: ") and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_undecodable_env_value_is_a_usage_error(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A byte of argv that is not UTF-8 arrives as a lone surrogate: it wrote a lock that no
+    renderer could encode (exit 70 at render time), now exit 2 and no lock."""
+    lock = tmp_path / "envbuild.lock"
+    assert main(["lock", "--driver", "550", "--env", "A=\udcff", "-o", str(lock)], env={}) == 2
+    assert capsys.readouterr().err.startswith("envbuild: error[usage]: ") and not lock.exists()

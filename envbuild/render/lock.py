@@ -463,7 +463,9 @@ def read_lock(path: Path) -> Lock:
 
 # --- validators for user values: each raises UsageError naming the field ---------------
 
-_BAD_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# Control characters, line breaks, and lone surrogates (a JSON "\\ud800" escape, or an argv byte
+# that is not UTF-8), which no rendered file can be encoded with.
+_BAD_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ud800-\udfff]")
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*" \
           r"(?::[0-9]{1,5})?/)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -482,8 +484,8 @@ _URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%
 
 def _printable(value: str, field: str) -> None:
     if _BAD_CHARS.search(value):
-        raise UsageError(f"invalid {field} {value!r}: control characters and line breaks are "
-                         "not allowed")
+        raise UsageError(f"invalid {field} {value!r}: control characters, line breaks and "
+                         "undecodable characters are not allowed")
 
 
 def check_image_reference(value: str, field: str) -> str:
