@@ -1,4 +1,4 @@
-"""docs/faults.md A: a lock is hostile input. Every value read from a lock, found by walking the
+"""docs/faults.md A22 (and A21): a lock is hostile input. Every value read from a lock, found by walking the
 lock's own JSON (so a field added later is covered without touching this file), is replaced or
 spliced with line breaks, NUL, quotes, shell syntax, wrong types and very long strings. Either
 reading it is a UsageError (exit 2), or the Dockerfile keeps the baseline's instruction list (and

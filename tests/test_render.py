@@ -240,7 +240,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     lambda d: d["stack"].pop("torch"),
     lambda d: d.update(apt_packages="git"),
     # The stack's own base image and index: the Dockerfile names the base a --base-image
-    # stands in for, so a line break there was a new instruction (docs/faults.md A-section).
+    # stands in for, so a line break there was a new instruction (docs/faults.md A22).
     lambda d: d["stack"].update(base_image="x\nRUN id"),
     lambda d: d["stack"].update(base_image="x:1\u2028RUN id"),
     lambda d: d["stack"].update(index_url="https://x.example/$(id)"),
