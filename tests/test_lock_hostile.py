@@ -35,7 +35,7 @@ BASE = "mirror.example/nvidia/cuda:12.4.1-base-ubuntu22.04@sha256:" + "b" * 64
 HOSTILE = ["\n", "\r", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\x00", "\nRUN id", "x\nRUN id",
            ";", "; id", "$(id)", "`id`", "${PATH}", "'", '"', "\\", " ", "\t", "&&", "|", "#",
            "\\\nRUN id", "--index-url=https://evil.example/", "=", "@", "\ud800", "\udcff",
-           "x" * 5000]
+           "=x y", "=x\\", "x" * 5000]
 # Replacing any value: the wrong JSON type.
 WRONG_TYPES: list[Any] = [None, 0, 1.5, True, [], {}, ["x"], {"x": "y"}]
 
@@ -111,18 +111,21 @@ def _logical(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _operators(command: str) -> list[str]:
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+def _words(arguments: str) -> str:
+    """How many words, and which shell operators (';', '&&', '|', '(' of '$(' ...) in order."""
+    lexer = shlex.shlex(arguments, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
-    return [token for token in lexer if set(token) <= set("();<>|&")]
+    tokens = list(lexer)
+    return " ".join([str(len(tokens)), *(t for t in tokens if set(t) <= set("();<>|&"))])
 
 
 def dockerfile_structure(text: str) -> list[str]:
-    """Each instruction's keyword; a RUN also its shell operators (';', '&&', '|', '$(' ...)."""
+    """Each instruction's keyword, the number of its words (an ENV or LABEL pair each) and the
+    shell operators among them."""
     shape = []
     for line in _logical(text):
         keyword, _, rest = line.strip().partition(" ")
-        shape.append(keyword + (" " + " ".join(_operators(rest)) if keyword == "RUN" else ""))
+        shape.append(f"{keyword} {_words(rest)}")
     return shape
 
 

@@ -330,7 +330,11 @@ def check_lock(lock: Lock) -> None:
             raise UsageError(f"--pip-package {pip!r} would override the lock's own pin",
                              hint="the stack pins it already; drop the --pip-package")
     for key, value in lock.env:
-        check_env_pair(f"{key}={value}", "--env")
+        # The pair as --env KEY=VALUE would split it: a key holding '=' ("A=x y") would have
+        # passed as key A and rendered a second ENV pair.
+        if check_env_pair(f"{key}={value}", "--env") != (key, value):
+            raise UsageError(f"invalid environment key {key!r} in the lock",
+                             hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
 
 
