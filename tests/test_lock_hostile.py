@@ -277,3 +277,15 @@ def test_undecodable_env_value_is_a_usage_error(tmp_path: Path,
     lock = tmp_path / "envbuild.lock"
     assert main(["lock", "--driver", "550", "--env", "A=\udcff", "-o", str(lock)], env={}) == 2
     assert capsys.readouterr().err.startswith("envbuild: error[usage]: ") and not lock.exists()
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"schema": 1, "stack": ' * 50_000])
+def test_deeply_nested_lock_is_a_usage_error(text: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON nested past the parser's recursion limit was a RecursionError: exit 1, internal."""
+    lock = tmp_path / "envbuild.lock"
+    lock.write_text(text)
+    out = tmp_path / "out"
+    assert main(["render", "docker", "--lock", str(lock), "-o", str(out)], env={}) == 2
+    assert capsys.readouterr().err.startswith("envbuild: error[usage]: invalid lock")
+    assert not out.exists()

@@ -366,6 +366,9 @@ def from_json(text: str) -> Lock:
             raise
         raise UsageError(f"invalid lock: {type(exc).__name__}: {exc}",
                          hint="re-create it with 'envbuild lock'") from None
+    except RecursionError:  # '[[[[…' nested deeper than the JSON parser recurses
+        raise UsageError("invalid lock: nested too deeply",
+                         hint="re-create it with 'envbuild lock'") from None
     check_lock(lock)
     return lock
 
