@@ -160,7 +160,9 @@ def rendered(text: str) -> tuple[list[str], list[str] | None]:
 def assert_refused_or_same(base: str, text: str) -> None:
     try:
         shape = rendered(text)
-    except UsageError:
+    except UsageError as exc:
+        # One stderr line: a refused value is shown escaped, never with its own line breaks.
+        assert not re.search("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]", exc.message + exc.hint)
         return
     docker, script = rendered(base)
     assert shape[0] == docker
@@ -289,3 +291,12 @@ def test_deeply_nested_lock_is_a_usage_error(text: str, tmp_path: Path,
     assert main(["render", "docker", "--lock", str(lock), "-o", str(out)], env={}) == 2
     assert capsys.readouterr().err.startswith("envbuild: error[usage]: invalid lock")
     assert not out.exists()
+
+
+def test_a_refused_name_is_shown_escaped(baselines: dict[str, str]) -> None:
+    """The wrong-type message names the package: a line break in its name stays escaped."""
+    data = json.loads(baselines["default"])
+    data["packages"]["x\nRUN id"] = 5
+    with pytest.raises(UsageError) as caught:
+        lockmod.from_json(json.dumps(data))
+    assert "\n" not in caught.value.message and "\\n" in caught.value.message

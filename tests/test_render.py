@@ -259,6 +259,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     lambda d: d.update(extra="x"),
     # A key holding '=' split as --env would split it: a second ENV pair.
     lambda d: d.update(env=[["A=x y", "1"]]),
+    lambda d: d.update(schema=True),
 ])
 def test_bad_lock_is_usage_error(mutate: Any, matrix: matrixmod.Matrix) -> None:
     import json

@@ -358,7 +358,8 @@ def from_json(text: str) -> Lock:
     """Parse and validate a lock; any problem is a UsageError (exit 2)."""
     try:
         data = json.loads(text)
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        if not isinstance(data, dict) or type(data.get("schema")) is not int \
+                or data["schema"] != SCHEMA:  # not true or 1.0, which compare equal to 1
             raise UsageError(f"not an envbuild lock of schema {SCHEMA}")
         lock = _from_mapping(data)
     except (ValueError, KeyError, TypeError) as exc:
@@ -414,7 +415,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         raise UsageError("lock 'layers' must be a list")
     return Lock(
         stack=Stack(**fields),
-        packages={_str(k, "package name"): _str(v, f"package {k} version")
+        packages={_str(k, "package name"): _str(v, f"package {k!r} version")
                   for k, v in packages.items()},
         index_url=_optional_str(data["index_url"], "index_url"),
         base_image=_str(data["base_image"], "base_image"),
