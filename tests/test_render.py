@@ -239,6 +239,27 @@ def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     lambda d: d.update(user="root"),
     lambda d: d["stack"].pop("torch"),
     lambda d: d.update(apt_packages="git"),
+    # The stack's own base image and index: the Dockerfile names the base a --base-image
+    # stands in for, so a line break there was a new instruction (docs/faults.md A27).
+    lambda d: d["stack"].update(base_image="x\nRUN id"),
+    lambda d: d["stack"].update(base_image="x:1\u2028RUN id"),
+    lambda d: d["stack"].update(index_url="https://x.example/$(id)"),
+    lambda d: d["stack"].update(notes=["a\nRUN id"]),
+    # Wrong types are usage errors (exit 2), not a TypeError inside a validator.
+    lambda d: d["stack"].update(torchvision=5),
+    lambda d: d["stack"].update(cuda=12.4),
+    lambda d: d["stack"].update(base_image=None),
+    lambda d: d.update(packages={"torch": 2}),
+    lambda d: d.update(packages=[["torch", "2.4.1"]]),
+    lambda d: d.update(companions="no"),
+    lambda d: d.update(python_standalone={"url": "https://x.example/p.tgz", "sha256": 1}),
+    lambda d: d.update(env=[["A", 1]]),
+    lambda d: d.update(user=None),
+    lambda d: d.update(layers={"name": "torch"}),
+    lambda d: d.update(extra="x"),
+    # A key holding '=' split as --env would split it: a second ENV pair.
+    lambda d: d.update(env=[["A=x y", "1"]]),
+    lambda d: d.update(schema=True),
 ])
 def test_bad_lock_is_usage_error(mutate: Any, matrix: matrixmod.Matrix) -> None:
     import json

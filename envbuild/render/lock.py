@@ -283,6 +283,14 @@ def check_lock(lock: Lock) -> None:
                         ("base_cuda", s.base_cuda), ("min_driver", s.min_driver)):
         if value is not None and not _VERSION_RE.fullmatch(value):
             raise UsageError(f"invalid {name} version {value!r} in the lock")
+    # The stack's own base image and index are rendered too (the Dockerfile names the base
+    # a --base-image stands in for; the pins' local tag follows the index), and read by
+    # the smoke test: the same checks as --base-image and --index-url.
+    check_image_reference(s.base_image, "stack base_image")
+    if s.index_url is not None:
+        check_url(s.index_url, "stack index_url")
+    for note in s.notes:
+        _printable(note, "stack note")
     _match(is_variant_selector, s.variant, "variant")
     _match(is_python_version, s.python, "python")
     _match(_UBUNTU_RE, s.ubuntu, "ubuntu")
@@ -322,7 +330,11 @@ def check_lock(lock: Lock) -> None:
             raise UsageError(f"--pip-package {pip!r} would override the lock's own pin",
                              hint="the stack pins it already; drop the --pip-package")
     for key, value in lock.env:
-        check_env_pair(f"{key}={value}", "--env")
+        # The pair as --env KEY=VALUE would split it: a key holding '=' ("A=x y") would have
+        # passed as key A and rendered a second ENV pair.
+        if check_env_pair(f"{key}={value}", "--env") != (key, value):
+            raise UsageError(f"invalid environment key {key!r} in the lock",
+                             hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
 
 
@@ -332,6 +344,7 @@ def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
     if not _LAYER_RE.fullmatch(layer.name) or layer.source != LAYER_SOURCE \
             or not set(layer.wheels) <= set(packages) \
             or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in sizes) \
+            or not isinstance(layer.bytes, int) or isinstance(layer.bytes, bool) \
             or layer.bytes != sum(sizes):
         raise UsageError(f"invalid layer {layer.name!r} in the lock", hint="re-create the lock")
 
@@ -345,7 +358,8 @@ def from_json(text: str) -> Lock:
     """Parse and validate a lock; any problem is a UsageError (exit 2)."""
     try:
         data = json.loads(text)
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        if not isinstance(data, dict) or type(data.get("schema")) is not int \
+                or data["schema"] != SCHEMA:  # not true or 1.0, which compare equal to 1
             raise UsageError(f"not an envbuild lock of schema {SCHEMA}")
         lock = _from_mapping(data)
     except (ValueError, KeyError, TypeError) as exc:
@@ -353,64 +367,98 @@ def from_json(text: str) -> Lock:
             raise
         raise UsageError(f"invalid lock: {type(exc).__name__}: {exc}",
                          hint="re-create it with 'envbuild lock'") from None
+    except RecursionError:  # '[[[[…' nested deeper than the JSON parser recurses
+        raise UsageError("invalid lock: nested too deeply",
+                         hint="re-create it with 'envbuild lock'") from None
     check_lock(lock)
     return lock
 
 
+_KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "base_digest",
+                   "flavor", "python_provision", "python_standalone", "matrices_digest",
+                   "apt_packages", "pip_packages", "env", "user"})
+_OPTIONAL_KEYS = frozenset({"companions", "layers"})
+
+
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
+    """Types only, nothing coerced (a number is not a version string); ``check_lock`` then
+    checks every value as the command line would."""
+    if not _KEYS <= set(data) <= _KEYS | _OPTIONAL_KEYS:
+        raise UsageError("lock has missing or unknown fields", hint="re-create the lock")
     raw = data["stack"]
-    names = set(Stack.fields())
-    if not isinstance(raw, dict) or set(raw) != names:
+    if not isinstance(raw, dict) or set(raw) != set(Stack.fields()):
         raise UsageError("lock 'stack' has missing or unknown fields")
-    stack = Stack(**{**raw, "arch_list": tuple(_strings(raw["arch_list"])),
-                     "notes": tuple(_strings(raw["notes"]))})
+    optional = {name for name, kind in Stack.__annotations__.items() if "None" in str(kind)}
+    fields: dict[str, Any] = {}
+    for name in Stack.fields():
+        if name in ("arch_list", "notes"):
+            fields[name] = tuple(_strings(raw[name], f"stack {name}"))
+        elif name in optional:
+            fields[name] = _optional_str(raw[name], f"stack {name}")
+        else:
+            fields[name] = _str(raw[name], f"stack {name}")
     standalone = data["python_standalone"]
+    if standalone is not None and (not isinstance(standalone, dict)
+                                   or set(standalone) != {"url", "sha256"}):
+        raise UsageError("lock 'python_standalone' must be null or {url, sha256}")
     env = data["env"]
     if not isinstance(env, list) or any(not isinstance(p, list) or len(p) != 2 for p in env):
         raise UsageError("lock 'env' must be a list of [KEY, VALUE] pairs")
-    lock = Lock(
-        stack=stack,
-        packages=dict(data["packages"]),
-        index_url=_optional_str(data["index_url"]),
-        base_image=str(data["base_image"]),
-        base_digest=_optional_str(data["base_digest"]),
-        flavor=str(data["flavor"]),
-        python_provision=str(data["python_provision"]),
+    packages = data["packages"]
+    if not isinstance(packages, dict):
+        raise UsageError("lock 'packages' must be a mapping of names to versions")
+    companions = data.get("companions", True)
+    if not isinstance(companions, bool):
+        raise UsageError("lock 'companions' must be true or false")
+    layers = data.get("layers", [])
+    if not isinstance(layers, list):
+        raise UsageError("lock 'layers' must be a list")
+    return Lock(
+        stack=Stack(**fields),
+        packages={_str(k, "package name"): _str(v, f"package {k!r} version")
+                  for k, v in packages.items()},
+        index_url=_optional_str(data["index_url"], "index_url"),
+        base_image=_str(data["base_image"], "base_image"),
+        base_digest=_optional_str(data["base_digest"], "base_digest"),
+        flavor=_str(data["flavor"], "flavor"),
+        python_provision=_str(data["python_provision"], "python_provision"),
         python_standalone=None if standalone is None else Standalone(
-            url=str(standalone["url"]), sha256=str(standalone["sha256"])),
-        matrices_digest=str(data["matrices_digest"]),
-        apt_packages=tuple(_strings(data["apt_packages"])),
-        pip_packages=tuple(_strings(data["pip_packages"])),
-        env=tuple((str(k), str(v)) for k, v in env),
-        user=str(data["user"]),
-        companions=data.get("companions", True) is not False,
-        layers=tuple(_layer(raw) for raw in data.get("layers", [])),
+            url=_str(standalone["url"], "python_standalone url"),
+            sha256=_str(standalone["sha256"], "python_standalone sha256")),
+        matrices_digest=_str(data["matrices_digest"], "matrices_digest"),
+        apt_packages=tuple(_strings(data["apt_packages"], "apt_packages")),
+        pip_packages=tuple(_strings(data["pip_packages"], "pip_packages")),
+        env=tuple((_str(k, "env key"), _str(v, "env value")) for k, v in env),
+        user=_str(data["user"], "user"),
+        companions=companions,
+        layers=tuple(_layer(raw) for raw in layers),
     )
-    for name, value in (("torch", stack.torch), ("variant", stack.variant),
-                        ("python", stack.python), ("ubuntu", stack.ubuntu)):
-        if not isinstance(value, str):
-            raise UsageError(f"lock stack {name} must be a string")
-    return lock
 
 
 def _layer(raw: Any) -> Layer:
     if not isinstance(raw, dict) or set(raw) != {"name", "bytes", "source", "wheels"} \
             or not isinstance(raw["wheels"], dict):
         raise UsageError("lock 'layers' entries need name, bytes, source and wheels")
-    return Layer(name=str(raw["name"]), bytes=raw["bytes"], source=str(raw["source"]),
-                 wheels={str(k): v for k, v in raw["wheels"].items()})
+    return Layer(name=_str(raw["name"], "layer name"), bytes=raw["bytes"],
+                 source=_str(raw["source"], "layer source"),
+                 wheels={_str(k, "layer wheel"): v for k, v in raw["wheels"].items()})
 
 
-def _strings(value: Any) -> list[str]:
+def _str(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise UsageError(f"lock {field} must be a string, not {type(value).__name__}",
+                         hint="re-create the lock")
+    return value
+
+
+def _strings(value: Any, field: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UsageError("expected a list of strings in the lock")
+        raise UsageError(f"lock {field} must be a list of strings", hint="re-create the lock")
     return value
 
 
-def _optional_str(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise UsageError("expected a string or null in the lock")
-    return value
+def _optional_str(value: Any, field: str) -> str | None:
+    return None if value is None else _str(value, field)
 
 
 def read_lock(path: Path) -> Lock:
@@ -423,7 +471,9 @@ def read_lock(path: Path) -> Lock:
 
 # --- validators for user values: each raises UsageError naming the field ---------------
 
-_BAD_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# Control characters, line breaks, and lone surrogates (a JSON "\\ud800" escape, or an argv byte
+# that is not UTF-8), which no rendered file can be encoded with.
+_BAD_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ud800-\udfff]")
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*" \
           r"(?::[0-9]{1,5})?/)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -442,8 +492,8 @@ _URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%
 
 def _printable(value: str, field: str) -> None:
     if _BAD_CHARS.search(value):
-        raise UsageError(f"invalid {field} {value!r}: control characters and line breaks are "
-                         "not allowed")
+        raise UsageError(f"invalid {field} {value!r}: control characters, line breaks and "
+                         "undecodable characters are not allowed")
 
 
 def check_image_reference(value: str, field: str) -> str:
