@@ -38,3 +38,16 @@ def test_peaks_table_carries_aliases_and_source(tmp_path: Path) -> None:
     assert table["NVIDIA L4"]["fp32_tflops"] == 1.5
     assert "L4" in table["NVIDIA L4"]["aliases"]
     assert peaks_json(matrix.load(data)) == peaks_json(matrix.load(data))
+
+
+def test_bundled_peaks_reach_the_smoke_test_under_driver_names() -> None:
+    """Every bundled peaks row is found by the name torch reports, and cites a source."""
+    from envbuild.smoke.numeric import match_peak
+
+    table = peaks_table(matrix.load(BUNDLED))
+    assert table, "gpu_peaks.yaml has rows"
+    for name, row in table.items():
+        assert row["source"].startswith("https://"), name
+        assert match_peak(name, table) == (name, row)
+    found = match_peak("Tesla V100-SXM2-16GB", table)
+    assert found is not None and found[0] == "Tesla V100" and found[1]["fp16_tflops"] == 125

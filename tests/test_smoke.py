@@ -24,8 +24,10 @@ from envbuild.smoke import (
     lockfile,
     numeric,
     nvsmi,
+    proof,
     rules,
     runner,
+    suite,
     t1_correctness,
     t2_speed,
 )
@@ -96,10 +98,10 @@ def test_cpu_ok_passes_with_every_gpu_check_skipped(cpu_ok_report: dict[str, Any
     if torch.version.cuda is not None:
         pytest.skip("needs the CPU torch wheel")
     gpu_checks = [c for c in cpu_ok_report["checks"] if c["gpu"]]
-    # T0 driver + cuda_build, T1 visible + 7 per-device, T2 4, T3 3, T4 1.
-    assert len(gpu_checks) == 18
+    # T0 driver + cuda_build, T1 visible + 7 per-device + dev_nodes + libcuda, T2 4, T3 3, T4 1.
+    assert len(gpu_checks) == 20
     assert {c["status"] for c in gpu_checks} == {"skip"}
-    assert cpu_ok_report["summary"]["skip"] == 18
+    assert cpu_ok_report["summary"]["skip"] == 20
     assert cpu_ok_report["summary"]["fail"] == 0
     assert cpu_ok_report["exit_code"] == 0
     checks = by_name(cpu_ok_report)
@@ -137,6 +139,8 @@ def test_plain_run_fails_exit_7_naming_cpu_only_torch(zipapp: Path) -> None:
     assert "torch is CPU-only (torch.version.cuda=None)" in proc.stdout
     assert "https://download.pytorch.org/whl/cu" in proc.stdout  # the index to use
     assert "PASS  gpu.visible" not in proc.stdout
+    # The GPU proofs stay blocked behind the no-GPU cause: one clear reason, no noise.
+    assert "SKIP  gpu.dev_nodes" in proc.stdout and "SKIP  gpu.libcuda" in proc.stdout
 
 
 def test_report_file_written_and_human_summary(zipapp: Path, tmp_path: Path) -> None:
@@ -665,3 +669,217 @@ def test_cpu_ok_never_reports_a_gpu_check_as_pass() -> None:
     result = run.check("gpu.kernel", 1, lambda: results.ok("pretend"), gpu=True)
     assert result.status == "skip"
     assert result.hint
+
+
+# --------------------------------------------------------------------------- proof of GPU work
+
+FAKE_SMI = """#!/bin/sh
+# A fake nvidia-smi: claims one H100 whatever it is asked.
+echo "0, NVIDIA H100 80GB HBM3, 550.54.15, 81559"
+"""
+
+
+def _drop_cuda(kwargs: dict[str, Any]) -> dict[str, Any]:
+    device = kwargs.get("device")
+    if device is not None and str(device).startswith("cuda"):
+        kwargs = dict(kwargs, device="cpu")
+    return kwargs
+
+
+def fake_cuda_torch(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A torch that reports an H100 and CUDA 12.4 but computes every tensor on the CPU."""
+    import time
+    import types
+
+    import torch._dynamo  # imported lazily by torch.optim: load it before the swap
+
+    real = torch
+    fake = types.ModuleType("torch")
+    fake.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+    fake.__version__ = "2.4.0+cu124"  # type: ignore[attr-defined]
+    fake.__file__ = real.__file__
+    fake.__path__ = real.__path__  # a package, as torch is: submodule imports still resolve
+    fake.version = types.SimpleNamespace(cuda="12.4", hip=None)  # type: ignore[attr-defined]
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1000.0
+
+    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        is_available=lambda: True,
+        device_count=lambda: 1,
+        init=lambda: None,
+        get_device_capability=lambda i=0: (9, 0),
+        get_device_properties=lambda i=0: types.SimpleNamespace(
+            total_memory=80 << 30, multi_processor_count=132),
+        get_device_name=lambda i=0: "NVIDIA H100 80GB HBM3",
+        synchronize=lambda i=None: None,
+        get_arch_list=lambda: ["sm_80", "sm_90"],
+        is_bf16_supported=lambda: True,
+        Event=Event,
+    )
+    for factory in ("arange", "randn", "zeros", "empty", "ones"):
+        original = getattr(real, factory)
+        fake.__dict__[factory] = (lambda f: lambda *a, **k: f(*a, **_drop_cuda(k)))(original)
+    original_to = real.Tensor.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        args = tuple("cpu" if str(a).startswith("cuda") else a for a in args)
+        return original_to(self, *args, **_drop_cuda(kwargs))
+
+    monkeypatch.setattr(real.Tensor, "to", to)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake
+
+
+def test_torch_reporting_cuda_but_computing_on_cpu_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if torch.version.cuda is not None:
+        pytest.skip("needs the CPU torch wheel (libcuda must not be loaded for real)")
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    fake_cuda_torch(monkeypatch)
+    # This host may have real device nodes (a GPU runner): the verdict must not depend on it.
+    monkeypatch.setattr(t1_correctness, "list_device_nodes", lambda: [])
+    monkeypatch.setattr(t1_correctness, "dxg_present", lambda: False)
+    report = suite.run_smoke(runner.Options(tier=1), env=dict(os.environ))
+    checks = by_name(report)
+    # The fakes fooled what they fake: the driver probe and the device count.
+    assert checks["driver"]["status"] == "pass" and "nvidia-smi" in checks["driver"]["message"]
+    assert checks["gpu.visible"]["status"] == "pass"
+    # ... and each proof fails with its own message and hint.
+    kernel = checks["gpu.kernel@cuda:0"]
+    assert kernel["status"] == "fail"
+    assert kernel["message"].startswith("arange result is on cpu, not a CUDA device")
+    assert "stub or patched torch" in kernel["hint"]
+    matmul = checks["matmul.fp32@cuda:0"]
+    assert matmul["status"] == "fail"
+    assert matmul["message"].startswith("fp32 matmul result is on cpu, not a CUDA device")
+    nodes = checks["gpu.dev_nodes"]
+    assert nodes["status"] == "fail"
+    assert nodes["message"].startswith("no /dev/nvidia[0-9]* device node although torch reports 1 GPU(s)")
+    assert "--gpus all" in nodes["hint"]
+    lib = checks["gpu.libcuda"]
+    assert lib["status"] == "fail"
+    assert lib["message"].startswith("libcuda.so is not mapped into this process after a kernel ran")
+    optimizer = checks["optimizer.step@cuda:0"]
+    assert optimizer["status"] == "fail"
+    assert optimizer["message"].startswith("optimizer step parameter 0 result is on cpu")
+    # Nothing that ran work passes: only the claims (driver, device count, arch list) do.
+    passed = {c["name"] for c in report["checks"] if c["gpu"] and c["status"] == "pass"}
+    assert passed == {"driver", "torch.cuda_build", "gpu.visible", "gpu.arch@cuda:0"}
+    assert report["exit_code"] == 7
+
+
+def test_tflops_on_cpu_result_fails_in_the_speed_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_cuda_torch(monkeypatch)
+    fake.__dict__["randn"] = lambda *a, **k: torch.zeros(2, 2)  # keep the 8192² matmul off the CPU
+    run = runner.Run(runner.Options(tier=2), {})
+    run.torch = fake
+    verdict = t2_speed._check_tflops(run, 0, "bf16", {}, None)
+    assert verdict.status == "fail"
+    assert verdict.message.startswith("bf16 matmul result is on cpu, not a CUDA device")
+
+
+H100_PEAKS = {"NVIDIA H100 80GB HBM3": {"bf16_tflops": 989.0, "fp32_tflops": 67.0}}
+
+
+def judge(tflops: float, peak: float | None) -> results.Outcome:
+    return proof.judge_tflops(f"bf16 matmul {tflops:.1f} TFLOPS", tflops, peak, {}, name="NVIDIA H100",
+                              where="smoke_peaks.json", warn_fraction=t2_speed.PEAK_FRACTION_WARN)
+
+
+def test_tflops_plausibility_against_the_peak() -> None:
+    slow = judge(0.4, 989.0)  # the report: 0.4 TFLOPS on an "H100"
+    assert slow.status == "fail" and "implausibly slow for NVIDIA H100" in slow.message
+    assert slow.hint
+    too_fast = judge(2000.0, 989.0)
+    assert too_fast.status == "fail" and "faster than NVIDIA H100's datasheet peak" in too_fast.message
+    assert judge(100.0, 989.0).status == "warn"  # 10%: throttled or shared, not a CPU
+    assert judge(700.0, 989.0).status == "pass"
+
+
+def test_missing_peak_row_warns_naming_the_row_never_passes() -> None:
+    verdict = judge(0.4, None)
+    assert verdict.status == "warn"
+    assert "no peak row for NVIDIA H100 in smoke_peaks.json" in verdict.message
+    assert "gpu_peaks.yaml" in verdict.hint
+
+
+def test_result_device_needs_cuda_type_and_is_cuda() -> None:
+    import types
+
+    on_gpu = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), is_cuda=True)
+    assert proof.tensor_device(on_gpu) is None
+    assert proof.check_on_cuda("x", on_gpu) is None
+    half = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), is_cuda=False)
+    assert proof.tensor_device(half) == "cuda device but is_cuda=False"
+    assert proof.tensor_device(torch.zeros(1)) == "cpu"
+    verdict = proof.check_on_cuda("x", torch.zeros(1))
+    assert verdict is not None and verdict.status == "fail"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "wsl", "dxg", "status", "words"),
+    [
+        (["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"], False, False, "pass", "/dev/nvidia0"),
+        ([], False, False, "fail", "no /dev/nvidia[0-9]* device node"),
+        (["/dev/nvidia0"], False, False, "fail", "no /dev/nvidiactl"),
+        (["/dev/nvidiactl", "/dev/nvidia-uvm"], False, False, "fail", "no /dev/nvidia[0-9]*"),
+        ([], True, True, "pass", "/dev/dxg"),
+        ([], True, False, "fail", "WSL without /dev/dxg"),
+    ],
+)
+def test_device_nodes(nodes: list[str], wsl: bool, dxg: bool, status: str, words: str) -> None:
+    verdict = proof.judge_device_nodes(nodes, wsl=wsl, dxg_exists=dxg, gpus=1)
+    assert verdict.status == status and words in verdict.message
+    assert status == "pass" or verdict.hint
+
+
+def test_is_wsl() -> None:
+    wsl = "Linux version 5.15.153.1-microsoft-standard-WSL2 (root@941d701f84f1) (gcc (GCC) 11.2.0)"
+    assert proof.is_wsl(wsl, False)
+    assert not proof.is_wsl((FIXTURES / "proc-driver-version-open.txt").read_text(), False)
+    assert proof.is_wsl(None, True)
+
+
+def test_libcuda_mapping_from_proc_maps() -> None:
+    maps = (FIXTURES / "proc-self-maps-after-kernel.txt").read_text()
+    verdict = proof.judge_libcuda(maps)
+    assert verdict.status == "pass"
+    assert verdict.value["paths"] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"]
+    without = "\n".join(line for line in maps.splitlines() if "libcuda" not in line)
+    missing = proof.judge_libcuda(without)
+    assert missing.status == "fail" and "libcuda.so is not mapped" in missing.message
+    assert proof.judge_libcuda(None).status == "fail"  # cannot establish: never a pass
+
+
+def test_speed_tier_judges_a_fake_timer_against_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Results that claim to be on the GPU, timed by a timer that times nothing."""
+    import types
+
+    fake = fake_cuda_torch(monkeypatch)
+    claims_gpu = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), is_cuda=True)
+    fake.__dict__["randn"] = lambda *a, **k: claims_gpu
+    fake.__dict__["matmul"] = lambda a, b: claims_gpu
+    run = runner.Run(runner.Options(tier=2), {})
+    run.torch = fake
+    with_row = t2_speed._check_tflops(run, 0, "bf16", H100_PEAKS, "smoke_peaks.json")
+    assert with_row.status == "fail"
+    assert "faster than NVIDIA H100 80GB HBM3's datasheet peak" in with_row.message
+    no_row = t2_speed._check_tflops(run, 0, "bf16", {}, None)
+    assert no_row.status == "warn"  # was a pass: "no peak known"
+    assert "plausibility not established: no peak row for NVIDIA H100 80GB HBM3" in no_row.message

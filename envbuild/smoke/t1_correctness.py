@@ -12,7 +12,15 @@ from typing import Any, Callable, Iterator
 from .arch import arch_coverage, arch_hint
 from .diagnose import diagnose_no_gpu
 from .numeric import compare_result
-from .probes import torch_arch_list, try_call
+from .probes import read_text, torch_arch_list, try_call
+from .proof import (
+    check_on_cuda,
+    dxg_present,
+    is_wsl,
+    judge_device_nodes,
+    judge_libcuda,
+    list_device_nodes,
+)
 from .report import Outcome, fail, ok, skip, warn
 from .runner import Run, bind, indices
 
@@ -31,6 +39,9 @@ def tier1(run: Run) -> None:
         suffix = "" if index is None else "@cuda:%d" % index
         for name, fn, heavy in T1_DEVICE_CHECKS:
             run.check(name + suffix, 1, bind(fn, run, index), gpu=True, device=index, heavy=heavy)
+    # After the kernels above: libcuda is mapped once a kernel has run.
+    run.check("gpu.dev_nodes", 1, lambda: _check_dev_nodes(run), gpu=True)
+    run.check("gpu.libcuda", 1, lambda: judge_libcuda(read_text("/proc/self/maps")), gpu=True)
     run.check("cpu.selfcheck", 1, lambda: _check_cpu_selfcheck(run), heavy=True)
 
 
@@ -133,7 +144,12 @@ def _check_kernel(run: Run, index: int) -> Outcome:
     device = "cuda:%d" % index
     n = 1 << 20
     x = torch.arange(n, device=device, dtype=torch.int64)
-    total = int((x * 2 + 1).sum().item())
+    y = x * 2 + 1
+    for label, tensor in (("arange", x), ("elementwise kernel", y)):
+        elsewhere = check_on_cuda(label, tensor)
+        if elsewhere is not None:
+            return elsewhere
+    total = int(y.sum().item())
     torch.cuda.synchronize(index)
     if total != n * n:  # sum of the first n odd numbers
         return fail(
@@ -141,6 +157,16 @@ def _check_kernel(run: Run, index: int) -> Outcome:
             hint="the GPU returns wrong results for a trivial kernel: check dmesg for Xid errors",
         )
     return ok("elementwise kernel launched and verified on %s" % device)
+
+
+def _check_dev_nodes(run: Run) -> Outcome:
+    dxg = dxg_present()
+    return judge_device_nodes(
+        list_device_nodes(),
+        wsl=is_wsl(read_text("/proc/version"), dxg),
+        dxg_exists=dxg,
+        gpus=len(run.devices),
+    )
 
 
 def _seeded(torch: Any, seed: int) -> Any:
@@ -180,7 +206,12 @@ def check_matmul(torch: Any, device: str, dtype_name: str, n: int = 512) -> Outc
     b = torch.randn(n, n, generator=gen).to(dtype)
     ref = a.double() @ b.double()
     with no_tf32(torch):
-        got = (a.to(device) @ b.to(device)).float().cpu()
+        product = a.to(device) @ b.to(device)
+    if device.startswith("cuda"):
+        elsewhere = check_on_cuda("%s matmul" % dtype_name, product)
+        if elsewhere is not None:
+            return elsewhere
+    got = product.float().cpu()
     return compare_result(
         "%s matmul %dx%d on %s" % (dtype_name, n, n, device), got, ref, MATMUL_TOLERANCE[dtype_name]
     )
@@ -199,11 +230,17 @@ def check_conv(torch: Any, device: str) -> Outcome:
         wi = w.to(dev, dtype).requires_grad_(True)
         out = functional.conv2d(xi, wi, padding=1)
         out.backward(grad.to(dev, dtype))
-        return out.detach().cpu(), xi.grad.cpu(), wi.grad.cpu()
+        return out.detach(), xi.grad, wi.grad
 
-    ref = run_on("cpu", torch.float64)
+    ref = [t.cpu() for t in run_on("cpu", torch.float64)]
     with no_tf32(torch):
-        got = run_on(device, torch.float32)
+        results = run_on(device, torch.float32)
+    if device.startswith("cuda"):
+        for label, tensor in zip(("conv2d forward", "conv2d grad_input", "conv2d grad_weight"), results):
+            elsewhere = check_on_cuda(label, tensor)
+            if elsewhere is not None:
+                return elsewhere
+    got = [t.cpu() for t in results]
     for label, g, r in zip(("forward", "grad_input", "grad_weight"), got, ref):
         verdict = compare_result("conv2d %s on %s" % (label, device), g, r, CONV_TOLERANCE)
         if verdict.status != "pass":
@@ -249,11 +286,17 @@ def check_optimizer(torch: Any, device: str) -> Outcome:
         loss = torch.nn.functional.cross_entropy(m(x.to(dev, dtype)), y.to(dev))
         loss.backward()
         opt.step()
-        return [p.detach().cpu() for p in m.parameters()]
+        return [p.detach() for p in m.parameters()]
 
-    ref = step("cpu", torch.float64)
+    ref = [p.cpu() for p in step("cpu", torch.float64)]
     with no_tf32(torch):
-        got = step(device, torch.float32)
+        params = step(device, torch.float32)
+    if device.startswith("cuda"):
+        for i, param in enumerate(params):
+            elsewhere = check_on_cuda("optimizer step parameter %d" % i, param)
+            if elsewhere is not None:
+                return elsewhere
+    got = [p.cpu() for p in params]
     for i, (g, r) in enumerate(zip(got, ref)):
         verdict = compare_result("optimizer step parameter %d on %s" % (i, device), g, r, OPTIMIZER_TOLERANCE)
         if verdict.status != "pass":

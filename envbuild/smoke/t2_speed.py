@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from .numeric import match_peak
+from .proof import check_on_cuda, judge_tflops
 from .report import Outcome, fail, first_line, ok, skip, warn
 from .runner import Run, bind, indices
 from .t1_correctness import dtype_of, no_tf32
@@ -91,6 +92,9 @@ def _check_tflops(
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     with no_tf32(torch):
+        elsewhere = check_on_cuda("%s matmul" % dtype_name, torch.matmul(a, b))
+        if elsewhere is not None:
+            return elsewhere
         seconds = _time_cuda(torch, index, lambda: torch.matmul(a, b), min_seconds=0.3)
     tflops = 2.0 * n**3 / seconds / 1e12
     name = torch.cuda.get_device_name(index)
@@ -102,36 +106,15 @@ def _check_tflops(
     }
     found = match_peak(name, peaks)
     peak = found[1].get("%s_tflops" % dtype_name) if found else None
-    if not peak:
-        value["peak_tflops"] = None
-        where = peaks_path or "no peaks table (--peaks FILE or smoke_peaks.json)"
-        return ok(
-            "%s matmul %.1f TFLOPS (no peak known for %s in %s)" % (dtype_name, tflops, name, where),
-            value,
-        )
-    fraction = tflops / float(peak)
-    value.update(
-        {
-            "peak_tflops": peak,
-            "fraction": round(fraction, 3),
-            "peak_row": found[0] if found else None,
-        }
+    text = "%s matmul %.1f TFLOPS" % (dtype_name, tflops)
+    if peak and found:
+        fraction = tflops / float(peak)
+        value.update({"peak_tflops": peak, "fraction": round(fraction, 3), "peak_row": found[0]})
+        text += " = %.0f%% of %s peak %.0f" % (100 * fraction, found[0], peak)
+    where = peaks_path or "no peaks table (--peaks FILE or smoke_peaks.json)"
+    return judge_tflops(
+        text, tflops, peak, value, name=name, where=where, warn_fraction=PEAK_FRACTION_WARN
     )
-    text = "%s matmul %.1f TFLOPS = %.0f%% of %s peak %.0f" % (
-        dtype_name,
-        tflops,
-        100 * fraction,
-        found[0] if found else "",
-        peak,
-    )
-    if fraction < PEAK_FRACTION_WARN:
-        return warn(
-            text,
-            value,
-            "far below peak: power cap, thermal throttling, a MIG slice, another process on the "
-            "GPU, or a wrong peaks row (see the health tier: --tier 4)",
-        )
-    return ok(text, value)
 
 
 def _time_cuda(
