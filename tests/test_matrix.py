@@ -231,3 +231,28 @@ def test_writers_share_one_lock_and_readers_wait_out_a_commit(
     assert not any(thread.is_alive() for thread in threads)
     assert failures[:3] == []
     matrix._load(data_copy, None)  # the manifest left behind matches the files
+
+
+def test_manifest_writer_waits_for_a_refresh_whatever_its_cache(data_copy: Path, tmp_path: Path) -> None:
+    """docs/faults.md B9: refresh's lock lived under the cache directory, which validate never saw."""
+    import threading
+
+    from envbuild.upstream import journal
+
+    outcome: list[str] = []
+
+    def write() -> None:
+        try:
+            matrix.write_manifest(data_copy, timeout_s=0.3)
+            outcome.append("wrote")
+        except DataError as exc:
+            outcome.append(exc.message)
+
+    with journal.refresh_lock(data_copy, tmp_path / "some-cache", 0, lambda m: None):
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join(timeout=10)
+    assert outcome and outcome[0].startswith("refresh in progress")
+    assert not (data_copy / matrix.MANIFEST).exists() or matrix._load(data_copy, None)
+    write()
+    assert outcome[-1] == "wrote"

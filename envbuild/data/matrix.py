@@ -26,11 +26,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 CACHE_FORMAT = 1
-LOCK_NAME = ".envbuild.lock"
 JOURNAL = ".refresh-journal.json"  # upstream/journal.py's commit point
 LOCK_TIMEOUT_S = 30.0
 SETTLE_S = 5.0
-_HELD: dict[tuple[str, int], int] = {}  # (lock path, thread) -> depth: re-entry is free
+_HELD: dict[tuple[str, int], int] = {}  # (lock path, thread) -> depth, for re-entry
 
 class Matrix:
     """All relations, as validated rows (plain mappings; see ``matrices/README.md``).
@@ -176,7 +175,7 @@ def write_manifest(directory: Path, *, timeout_s: float = LOCK_TIMEOUT_S) -> Pat
     from envbuild.fs import write_file
 
     target = directory / MANIFEST
-    with lock(directory, timeout_s):
+    with lock(directory, timeout_s, reentrant=True):
         write_file(target, manifest_body(directory))
     return target
 
@@ -184,19 +183,30 @@ def write_manifest(directory: Path, *, timeout_s: float = LOCK_TIMEOUT_S) -> Pat
 # --- one lock for every writer of a data directory --------------------------------------
 #
 # Writers (``matrix refresh``'s commit, ``matrix validate --write-manifest``) hold an
-# exclusive ``flock`` on ``<directory>/LOCK_NAME``. Readers take no lock: a reader whose
+# exclusive ``flock`` on ``lock_path(directory)``. Readers take no lock: a reader whose
 # files do not match the manifest while a commit is in progress (journal present or lock
 # held by someone else) waits up to SETTLE_S and reads again; see ``_settled_files``.
 
 
 
 def lock_path(directory: Path) -> Path:
-    return directory / LOCK_NAME
+    """The lock file for ``directory``: in the temporary directory, named by the data
+    directory's real path (inside it, the lock would change the data it guards; under the
+    cache directory, writers that know no cache would miss it)."""
+    import hashlib
+    import tempfile
+    from pathlib import Path
+
+    name = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"envbuild-matrices-{name}.lock"
 
 
 def lock(directory: Path, timeout_s: float = LOCK_TIMEOUT_S,
-         progress: Callable[[str], None] | None = None) -> AbstractContextManager[None]:
-    """Exclusive writer lock on ``directory`` (re-entrant per thread; released at exit)."""
+         progress: Callable[[str], None] | None = None, *,
+         reentrant: bool = False) -> AbstractContextManager[None]:
+    """Exclusive writer lock on ``directory`` (released at exit). ``reentrant``: a step
+    inside a writer (commit inside refresh, the manifest inside validate) passes where this
+    thread holds it already; otherwise a second writer waits, even in the same thread."""
     import contextlib
 
     @contextlib.contextmanager
@@ -214,14 +224,17 @@ def lock(directory: Path, timeout_s: float = LOCK_TIMEOUT_S,
                              hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
         path = lock_path(directory)
         key = (str(path.resolve()), threading.get_ident())
-        if key in _HELD:
+        if reentrant and key in _HELD:
             _HELD[key] += 1
             try:
                 yield
             finally:
                 _HELD[key] -= 1
             return
-        with open(path, "a+") as handle:
+        # Read-only is enough for flock, so another user's lock file can be shared;
+        # O_NOFOLLOW: a link planted in the shared temporary directory is not followed.
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(fd, "rb") as handle:
             deadline = time.monotonic() + timeout_s
             while True:
                 try:

@@ -38,7 +38,7 @@ def commit(target: Path, files: Mapping[str, bytes],
            checkpoint: Callable[[str], None] | None = None) -> None:
     """Replace ``files`` (name → bytes) and the manifest in ``target`` all together."""
     mark = checkpoint or (lambda stage: None)
-    with matrix.lock(target):  # re-entrant: refresh already holds it
+    with matrix.lock(target, reentrant=True):  # refresh holds it already
         _commit(target, files, mark)
 
 
