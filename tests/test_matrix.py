@@ -180,3 +180,79 @@ def test_duplicate_key_is_refused_with_both_lines(data_copy: Path) -> None:
     problems = _problems(data_copy)
     assert f"cuda_toolkits.yaml line {at + 2}: duplicate key 'min_driver' (first at line {at + 1})" \
         in problems, problems
+
+
+def test_writers_share_one_lock_and_readers_wait_out_a_commit(
+        data_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md B9: commits race ``validate --write-manifest`` and loads for ~2 s.
+
+    Without the shared lock the validator hashed files a commit then replaced (a stale
+    manifest: every later load "data corrupt"); without the re-read, loads during a commit's
+    moves reported exit 4 for data that was never corrupt.
+    """
+    import threading
+    import time
+
+    from envbuild.upstream import journal
+
+    matrix.write_manifest(data_copy)
+    names = ["cuda_archs.yaml", "gpus.yaml", "cudnn.yaml"]
+    originals = {name: (data_copy / name).read_bytes() for name in names}
+    variants = [originals, {name: data + b"# variant\n" for name, data in originals.items()}]
+    stop = time.monotonic() + 2.0
+    failures: list[str] = []
+
+    def commits() -> None:
+        turn = 0
+        while time.monotonic() < stop:
+            turn += 1
+            journal.commit(data_copy, variants[turn % 2])
+
+    def validations() -> None:
+        while time.monotonic() < stop:
+            code = main(["--matrices", str(data_copy), "matrix", "validate", "--write-manifest"], env={})
+            if code != 0:
+                failures.append(f"validate exit {code}")
+
+    def loads() -> None:
+        while time.monotonic() < stop:
+            try:
+                matrix._load(data_copy, None)
+            except DataError as exc:
+                failures.append(f"load: {exc.message}")
+
+    workers = (commits, commits, validations, validations, loads, loads)
+    threads = [threading.Thread(target=work) for work in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    capsys.readouterr()
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures[:3] == []
+    matrix._load(data_copy, None)  # the manifest left behind matches the files
+
+
+def test_manifest_writer_waits_for_a_refresh_whatever_its_cache(data_copy: Path, tmp_path: Path) -> None:
+    """docs/faults.md B9: refresh's lock lived under the cache directory, which validate never saw."""
+    import threading
+
+    from envbuild.upstream import journal
+
+    outcome: list[str] = []
+
+    def write() -> None:
+        try:
+            matrix.write_manifest(data_copy, timeout_s=0.3)
+            outcome.append("wrote")
+        except DataError as exc:
+            outcome.append(exc.message)
+
+    with journal.refresh_lock(data_copy, tmp_path / "some-cache", 0, lambda m: None):
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join(timeout=10)
+    assert outcome and outcome[0].startswith("refresh in progress")
+    assert not (data_copy / matrix.MANIFEST).exists() or matrix._load(data_copy, None)
+    write()
+    assert outcome[-1] == "wrote"

@@ -20,6 +20,7 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
 from envbuild.errors import UsageError
 from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
 
@@ -70,7 +71,8 @@ _base = st.builds(lambda host, path, tag: f"{host}{path}:{tag}",
                   st.lists(_name, min_size=1, max_size=3).map("/".join),
                   st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}", fullmatch=True)
                   .filter(lambda t: t != "latest"))
-_user = st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True).filter(lambda u: u != "root")
+_user = st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True).filter(
+    lambda u: u not in lockmod.RESERVED_USERS)
 _url = st.builds(lambda host, path: f"https://{host}.example/{path}", _name,
                  st.text(_LOWER + "._~%+=,/-", max_size=20))
 _ca_name = st.text(_LOWER + "._-", min_size=1, max_size=20).filter(lambda n: n not in (".", ".."))

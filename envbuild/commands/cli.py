@@ -162,10 +162,18 @@ def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
     from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
-    data = matrix.load(directory, cache_dir=None)
-    rows = sum(len(r) for r in data.relations.values())
-    out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
-    if args.write_manifest:
+    if not args.write_manifest:
+        data = matrix.load(directory, cache_dir=None)
+        rows = sum(len(r) for r in data.relations.values())
+        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+        return 0
+    # One writer at a time (the lock refresh's commit takes): the manifest records exactly
+    # the files validated here, never a mix of them and a refresh's.
+    with matrix.lock(directory):
+        matrix.load.cache_clear()
+        data = matrix.load(directory, cache_dir=None)
+        rows = sum(len(r) for r in data.relations.values())
+        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
         out(f"wrote {matrix.write_manifest(directory)}")
     return 0
 

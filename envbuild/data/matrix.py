@@ -20,11 +20,16 @@ from envbuild.data.relations import Row as Row
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Iterator, Mapping
+    from contextlib import AbstractContextManager
     from pathlib import Path
     from typing import Any
 
 CACHE_FORMAT = 1
+JOURNAL = ".refresh-journal.json"  # upstream/journal.py's commit point
+LOCK_TIMEOUT_S = 30.0
+SETTLE_S = 5.0
+_HELD: dict[tuple[str, int], int] = {}  # (lock path, thread) -> depth, for re-entry
 
 class Matrix:
     """All relations, as validated rows (plain mappings; see ``matrices/README.md``).
@@ -111,9 +116,8 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
 
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
-    files = _read_files(directory)
+    files = _settled_files(directory)
     digest = _digest(files)
-    _check_manifest(directory, files)
     relations = _read_json_cache(cache_dir, digest)
     if relations is None:
         from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
@@ -155,16 +159,146 @@ def file_hashes(directory: Path) -> dict[str, str]:
     }
 
 
-def write_manifest(directory: Path) -> Path:
-    """Record each data file's sha256 so corruption is caught at load (atomic write)."""
+def manifest_body(directory: Path) -> bytes:
+    """The manifest for the files in ``directory`` now (the caller holds the lock)."""
     import json
 
+    return (json.dumps({"files": file_hashes(directory)}, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(directory: Path, *, timeout_s: float = LOCK_TIMEOUT_S) -> Path:
+    """Record each data file's sha256 so corruption is caught at load (atomic, under the lock).
+
+    Under ``lock`` no refresh can move files between the hashing and the write, which
+    would leave a manifest that no longer matches (every later load: "data corrupt").
+    """
     from envbuild.fs import write_file
 
-    body = json.dumps({"files": file_hashes(directory)}, indent=2, sort_keys=True) + "\n"
     target = directory / MANIFEST
-    write_file(target, body.encode("utf-8"))
+    with lock(directory, timeout_s, reentrant=True):
+        write_file(target, manifest_body(directory))
     return target
+
+
+# --- one lock for every writer of a data directory --------------------------------------
+#
+# Writers (``matrix refresh``'s commit, ``matrix validate --write-manifest``) hold an
+# exclusive ``flock`` on ``lock_path(directory)``. Readers take no lock: a reader whose
+# files do not match the manifest while a commit is in progress (journal present or lock
+# held by someone else) waits up to SETTLE_S and reads again; see ``_settled_files``.
+
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file for ``directory``: in the temporary directory, named by the data
+    directory's real path (inside it, the lock would change the data it guards; under the
+    cache directory, writers that know no cache would miss it)."""
+    import hashlib
+    import tempfile
+    from pathlib import Path
+
+    name = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"envbuild-matrices-{name}.lock"
+
+
+def lock(directory: Path, timeout_s: float = LOCK_TIMEOUT_S,
+         progress: Callable[[str], None] | None = None, *,
+         reentrant: bool = False) -> AbstractContextManager[None]:
+    """Exclusive writer lock on ``directory`` (released at exit). ``reentrant``: a step
+    inside a writer (commit inside refresh, the manifest inside validate) passes where this
+    thread holds it already; otherwise a second writer waits, even in the same thread."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def held() -> Iterator[None]:
+        import fcntl
+        import threading
+        import time
+
+        from envbuild.errors import DataError
+
+        if not directory.is_dir():
+            from envbuild.errors import UsageError
+
+            raise UsageError(f"matrices directory not found: {directory}",
+                             hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
+        path = lock_path(directory)
+        key = (str(path.resolve()), threading.get_ident())
+        if reentrant and key in _HELD:
+            _HELD[key] += 1
+            try:
+                yield
+            finally:
+                _HELD[key] -= 1
+            return
+        # Read-only is enough for flock, so another user's lock file can be shared;
+        # O_NOFOLLOW: a link planted in the shared temporary directory is not followed.
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(fd, "rb") as handle:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DataError(f"refresh in progress: another envbuild holds {path}",
+                                        hint="wait for it to finish, then run again") from None
+                    if progress is not None:
+                        progress("waiting for another refresh to finish")
+                    time.sleep(0.05)
+            _HELD[key] = 1
+            try:
+                yield
+            finally:
+                del _HELD[key]
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    return held()
+
+
+def _writer_busy(directory: Path) -> bool:
+    """A commit may be under way: a journal exists, or another thread or process holds the lock."""
+    import fcntl
+    import threading
+
+    if (directory / JOURNAL).exists():
+        return True
+    path = lock_path(directory)
+    if (str(path.resolve()), threading.get_ident()) in _HELD:
+        return False  # this thread is the writer: nobody else can be committing
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the shared lock, if taken
+    return False
+
+
+def _settled_files(directory: Path) -> dict[str, bytes]:
+    """The data files, read again while a commit moves them (files and manifest differ briefly)."""
+    import time
+
+    from envbuild.errors import DataError
+
+    deadline = None
+    while True:
+        files = _read_files(directory)
+        try:
+            _check_manifest(directory, files)
+            return files
+        except DataError:
+            now = time.monotonic()
+            if deadline is None:  # one more read always: a commit may have ended between reads
+                deadline = now + SETTLE_S
+            elif now >= deadline or not _writer_busy(directory):
+                raise
+            time.sleep(0.02)
 
 
 def _check_manifest(directory: Path, files: Mapping[str, bytes]) -> None:

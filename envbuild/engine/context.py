@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import io
+import os
+import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,13 +25,30 @@ def context_tar(files: Mapping[str, FileData], out: IO[bytes]) -> None:
         for name in sorted(files):
             data = files[name]
             if isinstance(data, Path):
-                info = _info(name, tarfile.REGTYPE, 0o644, data.stat().st_size)
-                with data.open("rb") as handle:
+                with _open_regular(data) as handle:
+                    info = _info(name, tarfile.REGTYPE, 0o644, os.fstat(handle.fileno()).st_size)
                     tar.addfile(info, handle)
             else:
                 tar.addfile(_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
     out.flush()
     out.seek(0)
+
+
+def _open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened only if it is itself a regular file: a symbolic link (swapped in after
+    render checked the wheelhouse) could pull any file into the context, a FIFO hang it."""
+    from envbuild.errors import UsageError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{path} is a symbolic link", hint="copy the file itself there") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file", hint="copy the file itself there")
+    return os.fdopen(fd, "rb")
 
 
 def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:

@@ -9,6 +9,7 @@ Every user value is checked in ``render.lock`` before anything is rendered.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +37,8 @@ from envbuild.smoke.bundle import payload as smoke_payload
 CA_BUNDLE_NAME = "ca-bundle.crt"
 PEAKS_NAME = "smoke_peaks.json"
 WHEELHOUSE_DIR = "wheelhouse"
-_MAX_CA_BYTES = 4 * 1024 * 1024
+_MAX_CA_BYTES = 1024 * 1024
+_PEM_BEGIN_RE = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,64})-----")
 # A wheel file name (PEP 427) with nothing a shell or a Dockerfile could read as syntax.
 _WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
                             r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
@@ -97,7 +99,18 @@ def _wheels(text: str) -> tuple[Path, ...]:
     directory = Path(text)
     if not directory.is_dir():
         raise UsageError(f"--wheelhouse {text!r} is not a directory")
-    wheels = sorted(p for p in directory.iterdir() if p.name.endswith(".whl") and p.is_file())
+    import stat
+
+    wheels = []
+    for path in sorted(directory.iterdir()):
+        if not path.name.endswith(".whl"):
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):  # refused, not followed: it could pull any file into the context
+            raise UsageError(f"--wheelhouse: {path.name!r} is a symbolic link",
+                             hint="copy the wheel itself into the wheelhouse")
+        if stat.S_ISREG(mode):
+            wheels.append(path)
     if not wheels:
         raise UsageError(f"--wheelhouse {text!r} holds no .whl files")
     for wheel in wheels:
@@ -138,16 +151,40 @@ def wheel_index(stack: Stack, index_url: str | None, package_index: str | None) 
 
 
 def _ca_path(text: str) -> Path:
-    path = Path(text)
+    _ca_bytes(text)
+    return Path(text)
+
+
+def _ca_bytes(text: str) -> bytes:
+    """The bundle's bytes: a regular file (a FIFO would hang the read, a device never end it)
+    of at most 1 MiB, with a certificate and no private key (which would reach the build
+    context and the daemon)."""
+    import os
+    import stat
+
     try:
-        data = path.read_bytes()
+        fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO opens at once
     except OSError as exc:
         raise UsageError(f"cannot read --ca-bundle {text!r}: {exc.strerror}") from None
     except ValueError:  # a NUL in the path
         raise UsageError(f"--ca-bundle {text!r} is not a usable path") from None
-    if len(data) > _MAX_CA_BYTES or b"-----BEGIN CERTIFICATE-----" not in data:
-        raise UsageError(f"--ca-bundle {text!r} is not a PEM certificate bundle")
-    return path
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"--ca-bundle {text!r} is not a regular file",
+                             hint="pass the PEM file itself, not a pipe, socket or device")
+        data = handle.read(_MAX_CA_BYTES + 1)
+    if len(data) > _MAX_CA_BYTES:
+        raise UsageError(f"--ca-bundle {text!r} is larger than {_MAX_CA_BYTES // 1024} KiB",
+                         hint="pass only the CA certificates the build must trust")
+    labels = {m.group(1) for m in _PEM_BEGIN_RE.finditer(data)}
+    if any(b"PRIVATE KEY" in label for label in labels):
+        raise UsageError(f"--ca-bundle {text!r} holds a private key",
+                         hint="pass only the CA certificates; a key must never reach a build context")
+    if not labels & {b"CERTIFICATE", b"TRUSTED CERTIFICATE"}:
+        raise UsageError(f"--ca-bundle {text!r} is not a PEM certificate bundle",
+                         hint="it needs at least one -----BEGIN CERTIFICATE----- block")
+    return data
 
 
 # --- rendering ---------------------------------------------------------------------------
@@ -227,11 +264,15 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "labels": labels(lock),
         "require_cuda": required_cuda(s),
         "ca_bundle": ca_bundle,
-        "apt_packages": sorted(apt | set(lock.apt_packages)),
+        # Shell-quoted: a version's '~' (or anything else) is never expanded by the RUN's shell.
+        "apt_packages": [shlex.quote(p) for p in sorted(apt | set(lock.apt_packages))],
         "python_standalone": standalone,
         "pins": [f"{name}=={lock.packages[name]}" for name in sorted(lock.packages)],
         "index_url": index_url,
         "wheelhouse": bool(wheelhouse),
+        # A throwaway first stage: the wheels or the CA bundle stay in it, out of the image.
+        "build_stage": ("envbuild-build" if ca_bundle else
+                        "envbuild-wheelhouse" if wheelhouse else None),
         "peaks": peaks,
         "python_provision": lock.python_provision,
         "pip_packages": sorted(lock.pip_packages),
@@ -249,7 +290,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         options = replace(options, companions=False)
     files: dict[str, FileData] = {}
     if options.ca_bundle is not None:
-        files[CA_BUNDLE_NAME] = _ca_path(str(options.ca_bundle)).read_bytes()
+        files[CA_BUNDLE_NAME] = _ca_bytes(str(options.ca_bundle))
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=options.wheelhouse,
                 peaks=peaks is not None))

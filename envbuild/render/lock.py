@@ -481,11 +481,23 @@ _IMAGE_RE = re.compile(
     rf"(?P<name>{_DOMAIN}{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>.*))?", re.ASCII)
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
-_DEBIAN_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(?:=[0-9A-Za-z.+~:-]+)?", re.ASCII)
+# name[=version]; a version as Debian policy writes it ([epoch:]upstream[-revision], the
+# upstream part starting with a digit), so no '~' ever follows '=' or ':' where bash would
+# expand it as a home directory (templates quote the value as well).
+_DEBIAN_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(?:=(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*)?", re.ASCII)
 _PIP_RE = re.compile(r"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)"
                      r"(?:==(?P<version>[0-9][0-9A-Za-z.+!_-]*))?", re.ASCII)
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}", re.ASCII)
+# Users and groups a base image already has, so 'useradd NAME' (which also makes a group
+# NAME) would fail late, in the build: Debian's base-passwd (passwd.master, group.master,
+# shared by Ubuntu), apt's '_apt', and the 'ubuntu' user and group of Ubuntu 24.04 images.
+RESERVED_USERS = frozenset((
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+    "www-data", "backup", "list", "irc", "gnats", "nobody", "_apt", "ubuntu", "adm", "tty", "disk",
+    "kmem", "dialout", "fax", "voice", "cdrom", "floppy", "tape", "sudo", "audio", "dip", "operator",
+    "src", "shadow", "utmp", "video", "sasl", "plugdev", "staff", "users", "nogroup",
+))
 # No quotes, spaces, ';', '&', '$', backticks or '?': an URL lands in a shell command line.
 _URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%+=,/-]*)?", re.ASCII)
 
@@ -534,7 +546,8 @@ def check_debian_package(value: str, field: str) -> str:
     _printable(value, field)
     if not _DEBIAN_RE.fullmatch(value) or "--" in value:
         raise UsageError(f"invalid Debian package name {value!r} ({field})",
-                         hint="lowercase letters, digits, + - . (name or name=version)")
+                         hint="lowercase letters, digits, + - . (name, or name=version with the "
+                              "version starting with a digit: [epoch:]version[-revision])")
     return value
 
 
@@ -565,4 +578,7 @@ def check_user_name(value: str, field: str) -> str:
     if not _USER_RE.fullmatch(value) or value == "root":
         raise UsageError(f"invalid user name {value!r} ({field})",
                          hint="a non-root name matching [a-z_][a-z0-9_-]{0,31}")
+    if value in RESERVED_USERS:
+        raise UsageError(f"user name {value!r} ({field}) already exists in common base images",
+                         hint="choose a new name (the default is envbuild); useradd would fail in the build")
     return value

@@ -8,47 +8,27 @@ data; after it, ``recover`` (the next refresh's first step) rolls forward.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from envbuild.errors import DataError
+from envbuild.data import matrix
 from envbuild.fs import write_file
 
-JOURNAL = ".refresh-journal.json"
+JOURNAL = matrix.JOURNAL
 STAGING_PREFIX = ".refresh-staging-"
 Log = Callable[[str], None]
 
 
 @contextlib.contextmanager
 def refresh_lock(target: Path, cache: Path | None, timeout_s: float, progress: Log) -> Iterator[None]:
-    """One refresh per data directory at a time (fcntl lock, released when the process ends)."""
-    import tempfile
-
-    name = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:16]
-    where = cache / "locks" if cache else Path(tempfile.gettempdir())
-    where.mkdir(parents=True, exist_ok=True)
-    path = where / f"refresh-{name}.lock"
-    with open(path, "a+") as handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise DataError(f"refresh in progress: another envbuild holds {path}",
-                                    hint="wait for it to finish, then run again") from None
-                progress("waiting for another refresh to finish")
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """One writer per data directory at a time: ``data.matrix.lock``, the lock that
+    ``matrix validate --write-manifest`` also takes (``cache`` is no longer where it lives:
+    a lock under the cache directory was not seen by writers that know no cache)."""
+    target.mkdir(parents=True, exist_ok=True)  # --out may not exist yet
+    with matrix.lock(target, timeout_s, progress):
+        yield
 
 
 # --- atomic, all-or-nothing write -----------------------------------------------------------
@@ -57,12 +37,15 @@ def refresh_lock(target: Path, cache: Path | None, timeout_s: float, progress: L
 def commit(target: Path, files: Mapping[str, bytes],
            checkpoint: Callable[[str], None] | None = None) -> None:
     """Replace ``files`` (name → bytes) and the manifest in ``target`` all together."""
+    mark = checkpoint or (lambda stage: None)
+    with matrix.lock(target, reentrant=True):  # refresh holds it already
+        _commit(target, files, mark)
+
+
+def _commit(target: Path, files: Mapping[str, bytes], mark: Callable[[str], None]) -> None:
     import shutil
     import tempfile
 
-    from envbuild.data import matrix
-
-    mark = checkpoint or (lambda stage: None)
     recover(target)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
     for path in sorted(target.glob("*.yaml")):
@@ -70,7 +53,7 @@ def commit(target: Path, files: Mapping[str, bytes],
     for name, data in files.items():
         mode = (target / name).stat().st_mode & 0o777 if (target / name).exists() else 0o644
         write_file(staging / name, data, mode=mode, sync=True)
-    matrix.write_manifest(staging)
+    write_file(staging / matrix.MANIFEST, matrix.manifest_body(staging), sync=True)
     mark("staged")
     moves = [[str(staging / name), str(target / name)] for name in [*sorted(files), matrix.MANIFEST]]
     journal = json.dumps({"staging": str(staging), "moves": moves}).encode()
