@@ -34,8 +34,11 @@ class EnvbuildError(Exception):
         text = f"envbuild: error[{self.name}]: {self.message}"
         if self.hint:
             text += f" — {self.hint}"
-        # One line, whatever the message carried in (user input may hold newlines).
-        return " ".join(text.split())
+        # One line, whatever the message carried in (user input may hold newlines), and
+        # no credentials, whatever URL it names.
+        from envbuild.redact import redact
+
+        return redact(" ".join(text.split()))
 
 
 class UsageError(EnvbuildError):

@@ -716,3 +716,20 @@ def test_warnings_carry_one_prefix(upstream: Upstream, data: Path, env: dict[str
     log: list[str] = []
     refresh.refresh(options(upstream, data, sources=("pytorch",)), env, log.append)
     assert any(line.startswith("warning: pytorch cu999: skipped") for line in log)
+
+
+def test_e15_credentials_in_an_upstream_url_are_never_printed(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    listing = upstream.routes["/compute/cuda/redist/"]
+    upstream.script("/compute/cuda/redist/", (503, {}, b"busy"), (503, {}, b"busy"), listing)
+    secret = upstream.base.replace("https://", "https://alice:s3cr3t@") + "/compute/"
+    command = argv(upstream, data, "--json", "--dry-run")
+    command[command.index("--nvidia-url") + 1] = secret
+    assert cli.main(command, env) == 0
+    out, err = capsys.readouterr()
+    assert err.count("retrying https://***@127.0.0.1") == 2
+    assert "s3cr3t" not in out + err and "alice" not in out + err
+    upstream.script("/compute/cuda/redist/", *[(503, {}, b"busy")] * 4)
+    assert cli.main(command, env) == 4
+    out, err = capsys.readouterr()
+    assert "giving up on https://***@127.0.0.1" in err and "s3cr3t" not in out + err

@@ -229,8 +229,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except Exception as exc:  # a bug: one line unless --debug, never a silent failure
         if debug:
             raise
-        print(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with --debug "
-              "and report it", file=sys.stderr)
+        from envbuild.redact import redact
+
+        print(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
+                     "--debug and report it"), file=sys.stderr)
         return 1
 
 
@@ -270,15 +272,17 @@ def _print(*values: object, **options: Any) -> None:
 
 def _print_story(exc: EnvbuildError) -> None:
     """After the one line: the conflicts and verified ways out, pip-style."""
+    from envbuild.redact import redact
+
     if isinstance(exc, NoCompatibleStack):
         if exc.conflicts:
             print("The conflict is caused by:", file=sys.stderr)
             for line in exc.conflicts:
-                print(f"  - {line}", file=sys.stderr)
+                print(redact(f"  - {line}"), file=sys.stderr)
         if exc.fixes:
             print("To fix this you could (each re-solved and shown to work):", file=sys.stderr)
             for line in exc.fixes:
-                print(f"  - {line}", file=sys.stderr)
+                print(redact(f"  - {line}"), file=sys.stderr)
     elif exc.details and len(exc.details) > 1:
         for line in exc.details:
-            print(f"  - {line}", file=sys.stderr)
+            print(redact(f"  - {line}"), file=sys.stderr)

@@ -17,6 +17,7 @@ from requests.structures import CaseInsensitiveDict
 
 from envbuild import __version__
 from envbuild.errors import DataError
+from envbuild.redact import redact
 from envbuild.upstream.pipconfig import tls_verify
 
 # HTTP statuses worth another try: rate limiting and transient server trouble.
@@ -110,7 +111,7 @@ class HttpClient:
                 if attempt + 1 < self.policy.attempts:
                     delay = retry.delay_s or self.policy.backoff_s * 2**attempt
                     if self._log is not None:
-                        self._log(f"retrying {url} in {delay:.1f} s ({reason})")
+                        self._log(redact(f"retrying {url} in {delay:.1f} s ({reason})"))
                     self._sleep(delay)
         raise DataError(
             f"giving up on {url} after {self.policy.attempts} attempts ({reason})",
