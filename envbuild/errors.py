@@ -7,6 +7,7 @@ code raises and never prints.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -105,7 +106,11 @@ class RebootRequired(EnvbuildError):
 
 
 EXIT_INTERRUPTED = 130
-EXIT_OUTPUT = 1  # standard output could not be written (disk full, closed terminal)
+EXIT_OUTPUT = 1  # standard output or a file could not be written (disk full, read-only, closed terminal)
+# What a write fails with when the fault is the place written to, not envbuild: reported as
+# ``error[output]`` (exit 1) in one line rather than as an internal error.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                          errno.EFBIG, errno.EIO})
 EXIT_PIPE_CLOSED = 141  # the reader closed the pipe: what a shell reports for SIGPIPE
 
 

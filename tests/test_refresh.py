@@ -10,6 +10,7 @@ against the real index in tests/test_refresh_network.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.server
 import json
@@ -733,3 +734,37 @@ def test_e15_credentials_in_an_upstream_url_are_never_printed(
     assert cli.main(command, env) == 4
     out, err = capsys.readouterr()
     assert "giving up on https://***@127.0.0.1" in err and "s3cr3t" not in out + err
+
+
+def _no_space(fd: int) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_e18_full_disk_during_the_write_exit_4_nothing_half_written(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before = snapshot(data)
+    monkeypatch.setattr(os, "fsync", _no_space)  # as a full disk reports it, at the flush
+    assert cli.main(argv(upstream, data), env) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("envbuild: error[data]: cannot write the refreshed data")
+    assert "No space left on device" in err[-1] and "Traceback" not in "".join(err)
+    assert snapshot(data) == before
+    assert not [p for p in data.iterdir() if p.name.startswith(".")]
+
+
+def test_e18_read_only_data_directory_exit_4(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    def read_only(*args: Any, **kwargs: Any) -> str:
+        raise OSError(errno.EROFS, "Read-only file system", str(kwargs.get("dir")))
+
+    before = snapshot(data)
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    assert cli.main(argv(upstream, data), env) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("envbuild: error[data]: cannot write the refreshed data")
+    assert "Read-only file system" in err[-1]
+    assert snapshot(data) == before

@@ -7,6 +7,7 @@ so ``envbuild resolve`` never pays for the Docker SDK or requests.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -19,6 +20,8 @@ from envbuild.commands import detect
 from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
+    EXIT_OUTPUT,
+    WRITE_ERRNOS,
     EnvbuildError,
     NoCompatibleStack,
     UsageError,
@@ -226,14 +229,36 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(exc.one_line(), file=sys.stderr)
         _print_story(exc)
         return exc.exit_code
-    except Exception as exc:  # a bug: one line unless --debug, never a silent failure
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            return _internal(exc, debug)
         if debug:
-            raise
+            import traceback
+
+            traceback.print_exc()
+        # A full disk, a quota, a read-only or unwritable directory while writing a file:
+        # the writers are atomic (envbuild/fs.py), so nothing was half-written.
         from envbuild.redact import redact
 
-        print(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
-                     "--debug and report it"), file=sys.stderr)
-        return 1
+        where = f" {exc.filename}" if exc.filename else ""
+        verb = "access" if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO) else "write"
+        print(redact(f"envbuild: error[output]: cannot {verb}{where}: "
+                     f"{exc.strerror or type(exc).__name__} — free space or choose a writable "
+                     "directory; nothing was half-written"), file=sys.stderr)
+        return EXIT_OUTPUT
+    except Exception as exc:  # a bug: one line unless --debug, never a silent failure
+        return _internal(exc, debug)
+
+
+def _internal(exc: BaseException, debug: bool) -> int:
+    """A bug: one line unless --debug (then the traceback), never a silent failure."""
+    if debug:
+        raise exc
+    from envbuild.redact import redact
+
+    print(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
+                 "--debug and report it"), file=sys.stderr)
+    return 1
 
 
 def _command_words(argv: Sequence[str]) -> list[str]:

@@ -13,6 +13,7 @@ warnings to ``warn``; ``envbuild.commands.refresh`` is the command line.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable, Mapping
@@ -113,12 +114,30 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], log: Log, *, warn: 
         validate_texts(source_dir, texts)
         written = tuple(sorted(texts))
         if not options.dry_run and (texts or options.out is not None):
-            target = source_dir if options.out is None else prepare_out(source_dir, options.out)
-            commit(target, {f"{k}.yaml": v for k, v in texts.items()}, checkpoint=checkpoint)
+            target = source_dir if options.out is None else options.out.resolve()
+            try:
+                if options.out is not None:
+                    prepare_out(source_dir, options.out)
+                commit(target, {f"{k}.yaml": v for k, v in texts.items()}, checkpoint=checkpoint)
+            except OSError as exc:
+                raise _write_failed(target, exc) from exc
     return RefreshReport(target=options.out or source_dir, changes=changes, written=written,
                          dry_run=options.dry_run, bytes_received=fetcher.bytes_received,
                          requests_made=fetcher.requests_made, cache_hits=fetcher.cache_hits,
                          seconds=time.monotonic() - started)
+
+
+def _write_failed(target: Path, exc: OSError) -> DataError:
+    """A full disk, a read-only or unwritable data directory: exit 4 like every refresh
+    failure, with the data as it was (or, past the commit point, as the journal finishes
+    it). Staging left by the failed write is removed now, not at the next refresh."""
+    with contextlib.suppress(OSError):
+        recover(target)
+    where = exc.filename or target
+    return DataError(f"cannot write the refreshed data to {target}: {where}: "
+                     f"{exc.strerror or type(exc).__name__}",
+                     hint="free space or make the directory writable, then run again; "
+                          "the data files were left as they were")
 
 
 def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> Any:
