@@ -106,6 +106,18 @@ class RebootRequired(EnvbuildError):
 
 
 EXIT_INTERRUPTED = 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C raises KeyboardInterrupt:
+    every ``except KeyboardInterrupt`` / ``finally`` cleanup (temporary directories, build
+    containers) runs for it too. Ends the command with the shell's code, 128 + signal."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+        self.exit_code = 128 + signum
 EXIT_OUTPUT = 1  # standard output or a file could not be written (disk full, read-only, closed terminal)
 # What a write fails with when the fault is the place written to, not envbuild: reported as
 # ``error[output]`` (exit 1) in one line rather than as an internal error.

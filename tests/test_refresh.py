@@ -768,3 +768,19 @@ def test_e18_read_only_data_directory_exit_4(
     assert err[-1].startswith("envbuild: error[data]: cannot write the refreshed data")
     assert "Read-only file system" in err[-1]
     assert snapshot(data) == before
+
+
+def test_e18_a_signal_during_the_write_leaves_no_staging(
+        upstream: Upstream, data: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from envbuild.errors import Terminated
+
+    before = snapshot(data)
+
+    def stop(stage: str) -> None:
+        if stage == "staged":
+            raise Terminated(signal.SIGTERM, "SIGTERM")
+
+    with pytest.raises(Terminated):
+        refresh.refresh(options(upstream, data), env, lambda message: None, checkpoint=stop)
+    assert snapshot(data) == before
+    assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]

@@ -24,6 +24,7 @@ from envbuild.errors import (
     WRITE_ERRNOS,
     EnvbuildError,
     NoCompatibleStack,
+    Terminated,
     UsageError,
     output_failed,
 )
@@ -32,7 +33,8 @@ EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
   3 no compatible stack  4 data error                        5 Docker unreachable
   6 image build failed   7 smoke test failed                 8 GPU runtime/driver missing
-  9 host preflight failed  10 reboot required  130 interrupted  141 output pipe closed"""
+  9 host preflight failed  10 reboot required  130 interrupted (Ctrl-C)
+  129/143 hung up/terminated (SIGHUP/SIGTERM)     141 output pipe closed"""
 
 
 # Commands whose modules import jinja2, the Docker SDK or requests: registered by
@@ -194,6 +196,59 @@ def cmd_matrix_show(args: argparse.Namespace, env: Mapping[str, str],
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one command; the exit code. SIGTERM and SIGHUP clean up as Ctrl-C does."""
+    previous = _trap_termination()
+    try:
+        return _main(argv, env)
+    except KeyboardInterrupt as exc:  # the smoke command, which has no handler of its own
+        return _interrupted(exc)
+    finally:
+        _restore_handlers(previous)
+
+
+TERMINATING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _trap_termination() -> dict[int, Any]:
+    """Make SIGTERM and SIGHUP raise ``Terminated`` (a KeyboardInterrupt), so the cleanup
+    that Ctrl-C runs (temporary trees, staging, build containers) runs for them as well;
+    a second one during that cleanup is ignored. Only from the main thread, and only where
+    nobody (an embedding program) installed a handler of its own."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def terminate(signum: int, frame: Any) -> None:
+        for name in TERMINATING_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        raise Terminated(signum, signal.Signals(signum).name)
+
+    previous: dict[int, Any] = {}
+    for name in TERMINATING_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) in (signal.SIG_DFL, None):
+            previous[number] = signal.signal(number, terminate)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    import signal
+
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    if isinstance(exc, Terminated):
+        print(f"envbuild: terminated by {exc.name}", file=sys.stderr)
+        return exc.exit_code
+    print("envbuild: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
     debug = "--debug" in argv
@@ -218,9 +273,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return code
     except _OutputFailed as failed:
         return output_failed(failed.error)
-    except KeyboardInterrupt:
-        print("envbuild: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except EnvbuildError as exc:
         if debug:
             import traceback

@@ -121,6 +121,10 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], log: Log, *, warn: 
                 commit(target, {f"{k}.yaml": v for k, v in texts.items()}, checkpoint=checkpoint)
             except OSError as exc:
                 raise _write_failed(target, exc) from exc
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: finish or drop the write now
+                with contextlib.suppress(OSError):
+                    recover(target)
+                raise
     return RefreshReport(target=options.out or source_dir, changes=changes, written=written,
                          dry_run=options.dry_run, bytes_received=fetcher.bytes_received,
                          requests_made=fetcher.requests_made, cache_hits=fetcher.cache_hits,
