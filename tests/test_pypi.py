@@ -438,6 +438,23 @@ def test_a_trickling_server_fails_within_the_budget(name: str, serve: Any) -> No
     assert took < 2.0 + 1.0, took
 
 
+def test_a_stalled_tls_handshake_fails_within_the_budget() -> None:
+    """docs/faults.md E16: the budget covers the handshake too, whatever the socket timeouts."""
+    policy = http_client.HttpPolicy(connect_timeout_s=10.0, read_timeout_s=30.0, total_timeout_s=1.5,
+                                    attempts=2, backoff_s=0.01)
+    with socket.socket() as listener:  # accepts, never says a word of TLS
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}/simple/"
+        client = simple_api.IndexClient(url, env={}, policy=policy, sleep=lambda _: None)
+        started = time.monotonic()
+        with pytest.raises(DataError, match=r"within 1.5 s") as caught:
+            client.get(url + "demo/")
+        took = time.monotonic() - started
+    assert caught.value.exit_code == 4
+    assert took < 1.5 + 1.0, took
+
+
 def test_a_connection_cut_mid_body_is_retried_then_exit_4() -> None:
     """docs/faults.md E17: fewer bytes than Content-Length, then a close: retried, then 4."""
     def cut(connection: socket.socket, stop: threading.Event) -> None:
