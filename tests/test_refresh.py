@@ -784,3 +784,20 @@ def test_e18_a_signal_during_the_write_leaves_no_staging(
         refresh.refresh(options(upstream, data), env, lambda message: None, checkpoint=stop)
     assert snapshot(data) == before
     assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]
+
+
+def test_e15_rows_record_their_source_without_credentials(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    secret = upstream.base.replace("https://", "https://alice:s3cr3t@")
+    command = argv(upstream, data)
+    for flag, path in (("--nvidia-url", "/compute/"), ("--pytorch-url", "/whl/"),
+                       ("--registry-url", "/v2/nvidia/cuda/")):
+        command[command.index(flag) + 1] = secret + path
+    assert cli.main(command, env) == 0
+    out, err = capsys.readouterr()
+    assert "s3cr3t" not in out + err
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_toolkits"))
+    for path in data.iterdir():
+        assert "s3cr3t" not in path.read_text(encoding="utf-8"), path.name
+    assert any(str(r["source"]).startswith(upstream.base + "/compute/")
+               for r in rows(data, "cuda_toolkits"))

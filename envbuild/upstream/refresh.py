@@ -191,13 +191,29 @@ def collect(options: RefreshOptions, env: Mapping[str, str], documents: Mapping[
         progress(f"refreshing from {source.name}")
         context = Context(fetch=fetcher, existing=current, retrieved=options.retrieved,
                           only=options.only, progress=progress, warn=warn, debug=debug)
-        result = source.collect(context)
+        result = _without_credentials(source.collect(context))
         results.append(result)
         for relation, rows in result.rows.items():
             merged, _ = merge_rows(relation, current.get(relation, ()), rows, result.prefix,
                                    False)
             current[relation] = tuple(merged)
     return results
+
+
+def _without_credentials(result: SourceResult) -> SourceResult:
+    """The rows' provenance as the data files record it: an upstream URL given with
+    ``user:token@`` or ``?token=`` is written without them (docs/faults.md E15)."""
+    from dataclasses import replace
+
+    from envbuild.redact import has_credentials, strip_credentials
+
+    if not has_credentials(result.prefix) and not any(
+            has_credentials(str(row.get("source", ""))) for rows in result.rows.values() for row in rows):
+        return result
+    rows = {relation: tuple({**row, "source": strip_credentials(str(row["source"]))}
+                            if "source" in row else row for row in relation_rows)
+            for relation, relation_rows in result.rows.items()}
+    return replace(result, prefix=strip_credentials(result.prefix), rows=rows)
 
 
 # --- reading and validating ----------------------------------------------------------------
