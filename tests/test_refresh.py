@@ -801,3 +801,9 @@ def test_e15_rows_record_their_source_without_credentials(
         assert "s3cr3t" not in path.read_text(encoding="utf-8"), path.name
     assert any(str(r["source"]).startswith(upstream.base + "/compute/")
                for r in rows(data, "cuda_toolkits"))
+    cache = Path(env["XDG_CACHE_HOME"])
+    assert [p for p in cache.rglob("*.json")]
+    for path in cache.rglob("*"):
+        if path.is_file():
+            assert b"s3cr3t" not in path.read_bytes(), path
+    assert cli.main([*command, "--offline", "--dry-run"], env) == 0  # the cache still serves them
