@@ -55,7 +55,7 @@ def check_redirect(source: str, target: str) -> None:
 class HttpPolicy:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
-    total_timeout_s: float = 300.0
+    total_timeout_s: float = 300.0  # one get, wall clock: every attempt, redirect, back-off, phase
     attempts: int = 4
     backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
