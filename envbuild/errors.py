@@ -7,6 +7,7 @@ code raises and never prints.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -34,8 +35,11 @@ class EnvbuildError(Exception):
         text = f"envbuild: error[{self.name}]: {self.message}"
         if self.hint:
             text += f" — {self.hint}"
-        # One line, whatever the message carried in (user input may hold newlines).
-        return " ".join(text.split())
+        # One line, whatever the message carried in (user input may hold newlines), and
+        # no credentials, whatever URL it names.
+        from envbuild.redact import redact
+
+        return redact(" ".join(text.split()))
 
 
 class UsageError(EnvbuildError):
@@ -102,7 +106,23 @@ class RebootRequired(EnvbuildError):
 
 
 EXIT_INTERRUPTED = 130
-EXIT_OUTPUT = 1  # standard output could not be written (disk full, closed terminal)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C raises KeyboardInterrupt:
+    every ``except KeyboardInterrupt`` / ``finally`` cleanup (temporary directories, build
+    containers) runs for it too. Ends the command with the shell's code, 128 + signal."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+        self.exit_code = 128 + signum
+EXIT_OUTPUT = 1  # standard output or a file could not be written (disk full, read-only, closed terminal)
+# What a write fails with when the fault is the place written to, not envbuild: reported as
+# ``error[output]`` (exit 1) in one line rather than as an internal error.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                          errno.EFBIG, errno.EIO})
 EXIT_PIPE_CLOSED = 141  # the reader closed the pipe: what a shell reports for SIGPIPE
 
 

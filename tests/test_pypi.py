@@ -19,6 +19,7 @@ import re
 import socket
 import struct
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -365,6 +366,122 @@ def test_blackhole_server_times_out() -> None:
 
         with pytest.raises(DataError, match="after 2 attempts"):
             client.list_wheels("demo")
+
+
+# A raw server on 127.0.0.1 that answers each connection with ``serve(connection)``.
+
+
+@contextlib.contextmanager
+def raw_server(serve: Any) -> Iterator[str]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    hits: list[int] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                continue
+            hits.append(1)
+            threading.Thread(target=_serve_one, args=(serve, connection, stop), daemon=True).start()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/simple/"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def _serve_one(serve: Any, connection: socket.socket, stop: threading.Event) -> None:
+    with connection, contextlib.suppress(OSError):
+        connection.recv(65536)  # the request
+        serve(connection, stop)
+
+
+def trickle(data: bytes) -> Any:
+    """Send ``data`` one byte every 0.5 s: no single read ever times out."""
+    def serve(connection: socket.socket, stop: threading.Event) -> None:
+        for byte in data:
+            if stop.wait(0.5):
+                return
+            connection.sendall(bytes([byte]))
+    return serve
+
+
+PAGE = b'{"meta": {"api-version": "1.1"}, "files": []}'
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.pypi.simple.v1+json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(PAGE))
+
+
+@pytest.mark.parametrize(("name", "serve"), [
+    ("headers", trickle(HEAD + PAGE)),
+    ("body", lambda c, stop: (c.sendall(HEAD), trickle(PAGE)(c, stop))),
+])
+def test_a_trickling_server_fails_within_the_budget(name: str, serve: Any) -> None:
+    """docs/faults.md E16: the budget covers connect, headers and body, whatever the read timeout."""
+    policy = http_client.HttpPolicy(connect_timeout_s=1.0, read_timeout_s=5.0, total_timeout_s=2.0,
+                                    attempts=3, backoff_s=0.01)
+    with raw_server(serve) as url:
+        client = simple_api.IndexClient(url, env={}, policy=policy, sleep=lambda _: None)
+        started = time.monotonic()
+        with pytest.raises(DataError, match=r"within 2 s \(connect, TLS, headers and body\)") as caught:
+            client.get(url + "demo/")
+        took = time.monotonic() - started
+    assert caught.value.exit_code == 4
+    assert took < 2.0 + 1.0, took
+
+
+def test_a_stalled_tls_handshake_fails_within_the_budget() -> None:
+    """docs/faults.md E16: the budget covers the handshake too, whatever the socket timeouts."""
+    policy = http_client.HttpPolicy(connect_timeout_s=10.0, read_timeout_s=30.0, total_timeout_s=1.5,
+                                    attempts=2, backoff_s=0.01)
+    with socket.socket() as listener:  # accepts, never says a word of TLS
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}/simple/"
+        client = simple_api.IndexClient(url, env={}, policy=policy, sleep=lambda _: None)
+        started = time.monotonic()
+        with pytest.raises(DataError, match=r"within 1.5 s") as caught:
+            client.get(url + "demo/")
+        took = time.monotonic() - started
+    assert caught.value.exit_code == 4
+    assert took < 1.5 + 1.0, took
+
+
+def test_a_connection_cut_mid_body_is_retried_then_exit_4() -> None:
+    """docs/faults.md E17: fewer bytes than Content-Length, then a close: retried, then 4."""
+    def cut(connection: socket.socket, stop: threading.Event) -> None:
+        connection.sendall(HEAD + PAGE[:10])
+
+    log: list[str] = []
+    policy = http_client.HttpPolicy(connect_timeout_s=1.0, read_timeout_s=2.0, attempts=3, backoff_s=0.01)
+    with raw_server(cut) as url:
+        client = simple_api.IndexClient(url, env={}, policy=policy, sleep=lambda _: None, log=log.append)
+        with pytest.raises(DataError, match="after 3 attempts") as caught:
+            client.get(url + "demo/")
+    assert caught.value.exit_code == 4
+    assert len(log) == 2 and all("connection cut while reading the body" in line for line in log)
+
+
+def test_a_connection_cut_once_is_retried_and_succeeds() -> None:
+    served: list[int] = []
+
+    def cut_once(connection: socket.socket, stop: threading.Event) -> None:
+        served.append(1)
+        connection.sendall(HEAD + (PAGE[:10] if len(served) == 1 else PAGE))
+
+    policy = http_client.HttpPolicy(connect_timeout_s=1.0, read_timeout_s=2.0, attempts=3, backoff_s=0.01)
+    with raw_server(cut_once) as url:
+        client = simple_api.IndexClient(url, env={}, policy=policy, sleep=lambda _: None)
+        assert client.get(url + "demo/").body == PAGE
+    assert len(served) == 2
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ against the real index in tests/test_refresh_network.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.server
 import json
@@ -716,3 +717,93 @@ def test_warnings_carry_one_prefix(upstream: Upstream, data: Path, env: dict[str
     log: list[str] = []
     refresh.refresh(options(upstream, data, sources=("pytorch",)), env, log.append)
     assert any(line.startswith("warning: pytorch cu999: skipped") for line in log)
+
+
+def test_e15_credentials_in_an_upstream_url_are_never_printed(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    listing = upstream.routes["/compute/cuda/redist/"]
+    upstream.script("/compute/cuda/redist/", (503, {}, b"busy"), (503, {}, b"busy"), listing)
+    secret = upstream.base.replace("https://", "https://alice:s3cr3t@") + "/compute/"
+    command = argv(upstream, data, "--json", "--dry-run")
+    command[command.index("--nvidia-url") + 1] = secret
+    assert cli.main(command, env) == 0
+    out, err = capsys.readouterr()
+    assert err.count("retrying https://***@127.0.0.1") == 2
+    assert "s3cr3t" not in out + err and "alice" not in out + err
+    upstream.script("/compute/cuda/redist/", *[(503, {}, b"busy")] * 4)
+    assert cli.main(command, env) == 4
+    out, err = capsys.readouterr()
+    assert "giving up on https://***@127.0.0.1" in err and "s3cr3t" not in out + err
+
+
+def _no_space(fd: int) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_e18_full_disk_during_the_write_exit_4_nothing_half_written(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before = snapshot(data)
+    monkeypatch.setattr(os, "fsync", _no_space)  # as a full disk reports it, at the flush
+    assert cli.main(argv(upstream, data), env) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("envbuild: error[data]: cannot write the refreshed data")
+    assert "No space left on device" in err[-1] and "Traceback" not in "".join(err)
+    assert snapshot(data) == before
+    assert not [p for p in data.iterdir() if p.name.startswith(".")]
+
+
+def test_e18_read_only_data_directory_exit_4(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    def read_only(*args: Any, **kwargs: Any) -> str:
+        raise OSError(errno.EROFS, "Read-only file system", str(kwargs.get("dir")))
+
+    before = snapshot(data)
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    assert cli.main(argv(upstream, data), env) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("envbuild: error[data]: cannot write the refreshed data")
+    assert "Read-only file system" in err[-1]
+    assert snapshot(data) == before
+
+
+def test_e18_a_signal_during_the_write_leaves_no_staging(
+        upstream: Upstream, data: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from envbuild.errors import Terminated
+
+    before = snapshot(data)
+
+    def stop(stage: str) -> None:
+        if stage == "staged":
+            raise Terminated(signal.SIGTERM, "SIGTERM")
+
+    with pytest.raises(Terminated):
+        refresh.refresh(options(upstream, data), env, lambda message: None, checkpoint=stop)
+    assert snapshot(data) == before
+    assert not [p for p in data.iterdir() if p.name.startswith(".refresh")]
+
+
+def test_e15_rows_record_their_source_without_credentials(
+        upstream: Upstream, data: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    secret = upstream.base.replace("https://", "https://alice:s3cr3t@")
+    command = argv(upstream, data)
+    for flag, path in (("--nvidia-url", "/compute/"), ("--pytorch-url", "/whl/"),
+                       ("--registry-url", "/v2/nvidia/cuda/")):
+        command[command.index(flag) + 1] = secret + path
+    assert cli.main(command, env) == 0
+    out, err = capsys.readouterr()
+    assert "s3cr3t" not in out + err
+    assert any(r["cuda"] == "99.1.0" for r in rows(data, "cuda_toolkits"))
+    for path in data.iterdir():
+        assert "s3cr3t" not in path.read_text(encoding="utf-8"), path.name
+    assert any(str(r["source"]).startswith(upstream.base + "/compute/")
+               for r in rows(data, "cuda_toolkits"))
+    cache = Path(env["XDG_CACHE_HOME"])
+    assert [p for p in cache.rglob("*.json")]
+    for path in cache.rglob("*"):
+        if path.is_file():
+            assert b"s3cr3t" not in path.read_bytes(), path
+    assert cli.main([*command, "--offline", "--dry-run"], env) == 0  # the cache still serves them

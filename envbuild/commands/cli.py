@@ -7,6 +7,7 @@ so ``envbuild resolve`` never pays for the Docker SDK or requests.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -19,8 +20,11 @@ from envbuild.commands import detect
 from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
+    EXIT_OUTPUT,
+    WRITE_ERRNOS,
     EnvbuildError,
     NoCompatibleStack,
+    Terminated,
     UsageError,
     output_failed,
 )
@@ -29,7 +33,8 @@ EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
   3 no compatible stack  4 data error                        5 Docker unreachable
   6 image build failed   7 smoke test failed                 8 GPU runtime/driver missing
-  9 host preflight failed  10 reboot required  130 interrupted  141 output pipe closed"""
+  9 host preflight failed  10 reboot required  130 interrupted (Ctrl-C)
+  129/143 hung up/terminated (SIGHUP/SIGTERM)     141 output pipe closed"""
 
 
 # Commands whose modules import jinja2, the Docker SDK or requests: registered by
@@ -199,6 +204,59 @@ def cmd_matrix_show(args: argparse.Namespace, env: Mapping[str, str],
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one command; the exit code. SIGTERM and SIGHUP clean up as Ctrl-C does."""
+    previous = _trap_termination()
+    try:
+        return _main(argv, env)
+    except KeyboardInterrupt as exc:  # the smoke command, which has no handler of its own
+        return _interrupted(exc)
+    finally:
+        _restore_handlers(previous)
+
+
+TERMINATING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _trap_termination() -> dict[int, Any]:
+    """Make SIGTERM and SIGHUP raise ``Terminated`` (a KeyboardInterrupt), so the cleanup
+    that Ctrl-C runs (temporary trees, staging, build containers) runs for them as well;
+    a second one during that cleanup is ignored. Only from the main thread, and only where
+    nobody (an embedding program) installed a handler of its own."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def terminate(signum: int, frame: Any) -> None:
+        for name in TERMINATING_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        raise Terminated(signum, signal.Signals(signum).name)
+
+    previous: dict[int, Any] = {}
+    for name in TERMINATING_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) in (signal.SIG_DFL, None):
+            previous[number] = signal.signal(number, terminate)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    import signal
+
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    if isinstance(exc, Terminated):
+        print(f"envbuild: terminated by {exc.name}", file=sys.stderr)
+        return exc.exit_code
+    print("envbuild: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
     debug = "--debug" in argv
@@ -223,9 +281,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return code
     except _OutputFailed as failed:
         return output_failed(failed.error)
-    except KeyboardInterrupt:
-        print("envbuild: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except EnvbuildError as exc:
         if debug:
             import traceback
@@ -234,12 +291,36 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(exc.one_line(), file=sys.stderr)
         _print_story(exc)
         return exc.exit_code
-    except Exception as exc:  # a bug: one line unless --debug, never a silent failure
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            return _internal(exc, debug)
         if debug:
-            raise
-        print(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with --debug "
-              "and report it", file=sys.stderr)
-        return 1
+            import traceback
+
+            traceback.print_exc()
+        # A full disk, a quota, a read-only or unwritable directory while writing a file:
+        # the writers are atomic (envbuild/fs.py), so nothing was half-written.
+        from envbuild.redact import redact
+
+        where = f" {exc.filename}" if exc.filename else ""
+        verb = "access" if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO) else "write"
+        print(redact(f"envbuild: error[output]: cannot {verb}{where}: "
+                     f"{exc.strerror or type(exc).__name__} — free space or choose a writable "
+                     "directory; nothing was half-written"), file=sys.stderr)
+        return EXIT_OUTPUT
+    except Exception as exc:  # a bug: one line unless --debug, never a silent failure
+        return _internal(exc, debug)
+
+
+def _internal(exc: BaseException, debug: bool) -> int:
+    """A bug: one line unless --debug (then the traceback), never a silent failure."""
+    if debug:
+        raise exc
+    from envbuild.redact import redact
+
+    print(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
+                 "--debug and report it"), file=sys.stderr)
+    return 1
 
 
 def _command_words(argv: Sequence[str]) -> list[str]:
@@ -278,15 +359,17 @@ def _print(*values: object, **options: Any) -> None:
 
 def _print_story(exc: EnvbuildError) -> None:
     """After the one line: the conflicts and verified ways out, pip-style."""
+    from envbuild.redact import redact
+
     if isinstance(exc, NoCompatibleStack):
         if exc.conflicts:
             print("The conflict is caused by:", file=sys.stderr)
             for line in exc.conflicts:
-                print(f"  - {line}", file=sys.stderr)
+                print(redact(f"  - {line}"), file=sys.stderr)
         if exc.fixes:
             print("To fix this you could (each re-solved and shown to work):", file=sys.stderr)
             for line in exc.fixes:
-                print(f"  - {line}", file=sys.stderr)
+                print(redact(f"  - {line}"), file=sys.stderr)
     elif exc.details and len(exc.details) > 1:
         for line in exc.details:
-            print(f"  - {line}", file=sys.stderr)
+            print(redact(f"  - {line}"), file=sys.stderr)

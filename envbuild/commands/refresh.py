@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from envbuild.redact import redact
 from envbuild.upstream import refresh
 
 WARNING_PREFIX = "envbuild: warning: "
@@ -65,17 +66,18 @@ def cmd_refresh(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
     report = refresh.refresh(options, env, log=_progress,
                              warn=lambda message: _progress(WARNING_PREFIX + message))
     if args.json:
-        out(json.dumps(report.to_json(), indent=2))
+        out(redact(json.dumps(report.to_json(), indent=2)))
     elif report.up_to_date:
         out(f"{report.target}: up to date")
     else:
         verb = "would write" if report.dry_run else "wrote"
         summary = ", ".join(f"{k} +{c.added} ~{c.updated} -{c.dropped}"
                             for k, c in sorted(report.changes.items()))
-        out(f"{report.target}: {verb} {', '.join(report.written) or 'nothing'} ({summary}); "
-            f"{report.bytes_received} bytes in {report.requests_made} requests")
+        out(redact(f"{report.target}: {verb} {', '.join(report.written) or 'nothing'} ({summary}); "
+            f"{report.bytes_received} bytes in {report.requests_made} requests"))
     return 0
 
 
 def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress, retry or warning line: on stderr, without credentials."""
+    print(redact(message), file=sys.stderr, flush=True)

@@ -35,7 +35,17 @@ def answer(selectors: Selectors, *, matrices: str | None, env: Mapping[str, str]
 
         failure = explain_failure(request, index, resolution)
         body = report.json_text(report.failure_json(failure, resolution)) if as_json else None
-        return body, failure
+        return (None if body is None else _redacted(body)), failure
     if as_json:
-        return report.json_text(report.resolution_json(request, resolution, top=top)), None
-    return report.resolution_text(request, resolution, top=top, explain=explain), None
+        return _redacted(report.json_text(report.resolution_json(request, resolution, top=top))), None
+    return _redacted(report.resolution_text(request, resolution, top=top, explain=explain)), None
+
+
+def _redacted(text: str) -> str:
+    """``text`` without the credentials an index URL may carry (``user:token@``, ``?token=``).
+    Only text that could hold one pays for the redaction's import."""
+    if "@" not in text and "?" not in text:
+        return text
+    from envbuild.redact import redact
+
+    return redact(text)

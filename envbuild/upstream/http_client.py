@@ -1,11 +1,20 @@
 """The HTTP client refresh reads upstream through: retries with backoff (honouring
-Retry-After up to a cap), a deadline per body, a size cap, and redirects that may never
-downgrade from https. Every body byte received is counted."""
+Retry-After up to a cap), one wall-clock deadline per request, a size cap, and redirects
+that may never downgrade from https. Every body byte received is counted.
+
+The deadline (``HttpPolicy.total_timeout_s``) bounds a whole ``get``: every attempt,
+redirect and back-off, and within an attempt the connect, the TLS handshake, the headers
+and the body. Socket timeouts alone cannot do that (a server trickling one byte a second
+never lets a read time out), so a watchdog timer shuts down the sockets the request uses
+once the deadline passes, whatever phase it is in (docs/faults.md E16, E17)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -13,11 +22,19 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urljoin, urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from envbuild import __version__
 from envbuild.errors import DataError
+from envbuild.redact import redact
 from envbuild.upstream.pipconfig import tls_verify
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from urllib3._base_connection import BaseHTTPConnection
 
 # HTTP statuses worth another try: rate limiting and transient server trouble.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -38,7 +55,7 @@ def check_redirect(source: str, target: str) -> None:
 class HttpPolicy:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
-    total_timeout_s: float = 300.0
+    total_timeout_s: float = 300.0  # one get, wall clock: every attempt, redirect, back-off, phase
     attempts: int = 4
     backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
@@ -72,6 +89,105 @@ class _Retry(Exception):
 
 
 
+class _Deadline:
+    """The wall-clock budget of one ``get``. While it is active (``with``), every connection
+    the client takes from its pools is watched; when the budget runs out a timer thread
+    shuts their sockets down, which ends a blocked connect, handshake or read at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._connections: list[object] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def watch(self, connection: object) -> None:
+        with self._lock:
+            self._connections.append(connection)
+            if self.expired:
+                _shut(connection)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for connection in self._connections:
+                _shut(connection)
+
+    def __enter__(self) -> _Deadline:
+        _ACTIVE.deadline = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _ACTIVE.deadline = None
+
+
+class _Active(threading.local):
+    deadline: _Deadline | None = None
+
+
+_ACTIVE = _Active()
+
+
+def _shut(connection: object) -> None:
+    """Shut a connection's socket down from another thread: a blocked recv returns at once.
+    ``socket.socket.shutdown`` itself, not ``SSLSocket``'s, so the TLS state is left alone."""
+    for sock in (getattr(connection, "sock", None), getattr(connection, "_envbuild_socket", None)):
+        if isinstance(sock, socket.socket):
+            # OSError: not connected yet, or closed, or handed over to the TLS socket.
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._envbuild_socket = sock  # the raw socket, before any TLS wraps it
+        return sock
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._envbuild_socket = sock
+        return sock
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+    def _get_conn(self, timeout: float | None = None) -> BaseHTTPConnection:
+        connection = super()._get_conn(timeout)
+        if _ACTIVE.deadline is not None:
+            _ACTIVE.deadline.watch(connection)
+        return connection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+    def _get_conn(self, timeout: float | None = None) -> BaseHTTPConnection:
+        connection = super()._get_conn(timeout)
+        if _ACTIVE.deadline is not None:
+            _ACTIVE.deadline.watch(connection)
+        return connection
+
+
+class _WatchedAdapter(HTTPAdapter):
+    """requests' adapter with pools whose connections the active deadline can shut down."""
+
+    def init_poolmanager(self, *args: object, **kwargs: object) -> None:
+        super().init_poolmanager(*args, **kwargs)  # type: ignore[arg-type]
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
+                                                   "https": _WatchedHTTPSPool}
+
+
 class HttpClient:
     """GETs with retries. Counts every body byte it receives in ``bytes_received``."""
 
@@ -92,6 +208,9 @@ class HttpClient:
         self._log = log
         self._session = session or requests.Session()
         self._session.headers["User-Agent"] = f"envbuild/{__version__}"
+        adapter = _WatchedAdapter()
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
 
     def get(
         self,
@@ -100,38 +219,54 @@ class HttpClient:
         *,
         allow: frozenset[int] = frozenset(),
     ) -> Reply:
-        """GET with retries; a 2xx reply, one whose status is in ``allow`` (304, 401), or DataError."""
+        """GET with retries; a 2xx reply, one whose status is in ``allow`` (304, 401), or DataError.
+        The whole call, retries and back-off included, ends within ``total_timeout_s``."""
         reason = ""
-        for attempt in range(self.policy.attempts):
-            try:
-                return self._get_once(url, dict(headers or {}), allow)
-            except _Retry as retry:
-                reason = retry.reason
-                if attempt + 1 < self.policy.attempts:
-                    delay = retry.delay_s or self.policy.backoff_s * 2**attempt
-                    if self._log is not None:
-                        self._log(f"retrying {url} in {delay:.1f} s ({reason})")
-                    self._sleep(delay)
+        with _Deadline(self.policy.total_timeout_s) as deadline:
+            for attempt in range(self.policy.attempts):
+                try:
+                    return self._get_once(url, dict(headers or {}), allow, deadline)
+                except _Retry as retry:
+                    if deadline.expired or deadline.remaining() <= 0:
+                        raise self._too_slow(url) from retry
+                    reason = retry.reason
+                    if attempt + 1 < self.policy.attempts:
+                        delay = retry.delay_s or self.policy.backoff_s * 2**attempt
+                        if delay >= deadline.remaining():
+                            raise self._too_slow(url) from retry
+                        if self._log is not None:
+                            self._log(redact(f"retrying {url} in {delay:.1f} s ({reason})"))
+                        self._sleep(delay)
         raise DataError(
             f"giving up on {url} after {self.policy.attempts} attempts ({reason})",
             hint="the index may be down or unreachable; retry later",
         )
 
-    def _get_once(self, url: str, headers: dict[str, str], allow: frozenset[int]) -> Reply:
+    def _too_slow(self, url: str) -> DataError:
+        return DataError(
+            f"{url} did not answer in full within {self.policy.total_timeout_s:g} s "
+            "(connect, TLS, headers and body)",
+            hint="the server is stalled or trickling; retry later or use another index or mirror",
+        )
+
+    def _get_once(self, url: str, headers: dict[str, str], allow: frozenset[int],
+                  deadline: _Deadline) -> Reply:
         for _ in range(self.policy.max_redirects + 1):
-            response = self._send(url, headers)
+            response = self._send(url, headers, deadline)
             with response:
                 if response.is_redirect:
                     target = urljoin(url, response.headers["Location"])
                     check_redirect(url, target)
                     url = target
                     continue
-                return self._reply(url, response, ranged="Range" in headers, allow=allow)
+                return self._reply(url, response, ranged="Range" in headers, allow=allow,
+                                   deadline=deadline)
         raise DataError(f"too many redirects from {url}")
 
-    def _send(self, url: str, headers: dict[str, str]) -> requests.Response:
+    def _send(self, url: str, headers: dict[str, str], deadline: _Deadline) -> requests.Response:
         self.requests_made += 1
-        timeout = (self.policy.connect_timeout_s, self.policy.read_timeout_s)
+        left = max(deadline.remaining(), 0.001)
+        timeout = (min(self.policy.connect_timeout_s, left), min(self.policy.read_timeout_s, left))
         try:
             return self._session.get(
                 url,
@@ -142,6 +277,8 @@ class HttpClient:
                 stream=True,
             )
         except requests.exceptions.SSLError as exc:
+            if deadline.expired:  # the watchdog cut the handshake or a TLS read
+                raise _Retry("deadline passed") from exc
             raise DataError(
                 f"TLS verification failed for {url}: {exc}",
                 hint="set PIP_CERT or REQUESTS_CA_BUNDLE to your CA bundle",
@@ -150,13 +287,14 @@ class HttpClient:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
 
     def _reply(
-        self, url: str, response: requests.Response, *, ranged: bool, allow: frozenset[int] = frozenset()
+        self, url: str, response: requests.Response, *, ranged: bool, deadline: _Deadline,
+        allow: frozenset[int] = frozenset(),
     ) -> Reply:
         status = response.status_code
         if status in RETRY_STATUSES:
             raise _Retry(f"HTTP {status}", self._retry_after(url, response))
         if status in allow:
-            body = b"" if status == 304 else self._read_body(url, response)
+            body = b"" if status == 304 else self._read_body(url, response, deadline)
             return Reply(url=url, status=status, headers=CaseInsensitiveDict(response.headers), body=body)
         if not 200 <= status < 300:
             raise DataError(f"HTTP {status} {response.reason} for {url}")
@@ -166,12 +304,11 @@ class HttpClient:
                 f"{url} ignored the HTTP Range request",
                 hint="use an index whose file host supports range requests or PEP 658",
             )
-        body = self._read_body(url, response)
+        body = self._read_body(url, response, deadline)
         headers = CaseInsensitiveDict(response.headers)
         return Reply(url=url, status=status, headers=headers, body=body)
 
-    def _read_body(self, url: str, response: requests.Response) -> bytes:
-        deadline = time.monotonic() + self.policy.total_timeout_s
+    def _read_body(self, url: str, response: requests.Response, deadline: _Deadline) -> bytes:
         chunks: list[bytes] = []
         size = 0
         try:
@@ -180,11 +317,15 @@ class HttpClient:
                 self.bytes_received += len(chunk)
                 if size > self.policy.max_body_bytes:
                     raise DataError(f"{url} sent more than {self.policy.max_body_bytes} bytes")
-                if time.monotonic() > deadline:
-                    raise _Retry(f"{url} took longer than {self.policy.total_timeout_s} s")
+                if deadline.remaining() <= 0:
+                    raise _Retry("deadline passed")
                 chunks.append(chunk)
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise _Retry(f"{type(exc).__name__} while reading: {exc}") from exc
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                requests.exceptions.SSLError) as exc:
+            # A connection cut mid-body (fewer bytes than Content-Length) is transient: retried.
+            if deadline.expired:
+                raise _Retry("deadline passed") from exc
+            raise _Retry(f"connection cut while reading the body: {type(exc).__name__}: {exc}") from exc
         return b"".join(chunks)
 
     def _retry_after(self, url: str, response: requests.Response) -> float | None:

@@ -13,6 +13,7 @@ warnings to ``warn``; ``envbuild.commands.refresh`` is the command line.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable, Mapping
@@ -113,12 +114,34 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], log: Log, *, warn: 
         validate_texts(source_dir, texts)
         written = tuple(sorted(texts))
         if not options.dry_run and (texts or options.out is not None):
-            target = source_dir if options.out is None else prepare_out(source_dir, options.out)
-            commit(target, {f"{k}.yaml": v for k, v in texts.items()}, checkpoint=checkpoint)
+            target = source_dir if options.out is None else options.out.resolve()
+            try:
+                if options.out is not None:
+                    prepare_out(source_dir, options.out)
+                commit(target, {f"{k}.yaml": v for k, v in texts.items()}, checkpoint=checkpoint)
+            except OSError as exc:
+                raise _write_failed(target, exc) from exc
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: finish or drop the write now
+                with contextlib.suppress(OSError):
+                    recover(target)
+                raise
     return RefreshReport(target=options.out or source_dir, changes=changes, written=written,
                          dry_run=options.dry_run, bytes_received=fetcher.bytes_received,
                          requests_made=fetcher.requests_made, cache_hits=fetcher.cache_hits,
                          seconds=time.monotonic() - started)
+
+
+def _write_failed(target: Path, exc: OSError) -> DataError:
+    """A full disk, a read-only or unwritable data directory: exit 4 like every refresh
+    failure, with the data as it was (or, past the commit point, as the journal finishes
+    it). Staging left by the failed write is removed now, not at the next refresh."""
+    with contextlib.suppress(OSError):
+        recover(target)
+    where = exc.filename or target
+    return DataError(f"cannot write the refreshed data to {target}: {where}: "
+                     f"{exc.strerror or type(exc).__name__}",
+                     hint="free space or make the directory writable, then run again; "
+                          "the data files were left as they were")
 
 
 def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> Any:
@@ -168,13 +191,29 @@ def collect(options: RefreshOptions, env: Mapping[str, str], documents: Mapping[
         progress(f"refreshing from {source.name}")
         context = Context(fetch=fetcher, existing=current, retrieved=options.retrieved,
                           only=options.only, progress=progress, warn=warn, debug=debug)
-        result = source.collect(context)
+        result = _without_credentials(source.collect(context))
         results.append(result)
         for relation, rows in result.rows.items():
             merged, _ = merge_rows(relation, current.get(relation, ()), rows, result.prefix,
                                    False)
             current[relation] = tuple(merged)
     return results
+
+
+def _without_credentials(result: SourceResult) -> SourceResult:
+    """The rows' provenance as the data files record it: an upstream URL given with
+    ``user:token@`` or ``?token=`` is written without them (docs/faults.md E15)."""
+    from dataclasses import replace
+
+    from envbuild.redact import has_credentials, strip_credentials
+
+    if not has_credentials(result.prefix) and not any(
+            has_credentials(str(row.get("source", ""))) for rows in result.rows.values() for row in rows):
+        return result
+    rows = {relation: tuple({**row, "source": strip_credentials(str(row["source"]))}
+                            if "source" in row else row for row in relation_rows)
+            for relation, relation_rows in result.rows.items()}
+    return replace(result, prefix=strip_credentials(result.prefix), rows=rows)
 
 
 # --- reading and validating ----------------------------------------------------------------

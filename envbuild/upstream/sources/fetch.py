@@ -16,6 +16,7 @@ from requests.structures import CaseInsensitiveDict
 
 from envbuild.errors import DataError
 from envbuild.fs import write_file
+from envbuild.redact import strip_credentials
 from envbuild.upstream.http_client import HttpClient
 from envbuild.upstream.sources import Document
 
@@ -97,15 +98,19 @@ class Fetcher:
         if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(body).hexdigest():
             return None
         headers = CaseInsensitiveDict({k: str(v) for k, v in dict(meta.get("headers") or {}).items()})
-        return Document(url=str(meta.get("final_url", url)), status=200, headers=headers,
-                        body=body, cached=True)
+        # The cache records URLs without credentials: the document's own URL, when it was not
+        # redirected, is the one asked for now, credentials and all (relative links need them).
+        final = str(meta.get("final_url") or "")
+        return Document(url=url if final in ("", strip_credentials(url)) else final, status=200,
+                        headers=headers, body=body, cached=True)
 
     def _write_cached(self, url: str, document: Document, etag: str) -> None:
         meta_path, body_path = self._path(url, ".json"), self._path(url, ".body")
         if meta_path is None or body_path is None:
             return
         headers = {k: document.headers[k] for k in KEPT_HEADERS if k in document.headers}
-        meta = {"url": url, "final_url": document.url, "sha256": document.sha256,
+        meta = {"url": strip_credentials(url), "final_url": strip_credentials(document.url),
+                "sha256": document.sha256,
                 "headers": {**headers, "ETag": etag}}
         _write_cache(body_path, document.body)
         _write_cache(meta_path, json.dumps(meta, sort_keys=True).encode())
