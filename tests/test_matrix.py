@@ -248,7 +248,7 @@ def test_manifest_writer_waits_for_a_refresh_whatever_its_cache(data_copy: Path,
         except DataError as exc:
             outcome.append(exc.message)
 
-    with journal.refresh_lock(data_copy, tmp_path / "some-cache", 0, lambda m: None):
+    with journal.refresh_lock(data_copy, 0, lambda m: None):
         thread = threading.Thread(target=write)
         thread.start()
         thread.join(timeout=10)

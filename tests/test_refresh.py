@@ -469,10 +469,9 @@ def test_e12_offline_never_connects(upstream: Upstream, data: Path, env: dict[st
 
 
 def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
-    from envbuild.data import matrix
 
     before = snapshot(data)
-    with journal.refresh_lock(data, matrix.cache_directory(env), 0, lambda m: None):
+    with journal.refresh_lock(data, 0, lambda m: None):
         with pytest.raises(DataError, match="refresh in progress"):
             run(upstream, data, env, lock_timeout_s=0.3)
         assert cli.main(argv(upstream, data), env) == 4

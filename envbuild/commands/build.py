@@ -134,7 +134,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     if args.json:
         out(json.dumps(report, indent=2))
     else:
-        from envbuild.smoke import render_text
+        from envbuild.smoke.report import render_text
 
         out(render_text(report))
     if result.exit_code == 0:

@@ -20,48 +20,7 @@ nvidia-smi parsing, lock diff, aggregation) is pure functions in their own modul
 ``rules`` holds what the host side of envbuild shares.
 
 Importing this package imports nothing: the host side reaches ``envbuild.smoke.rules``
-on ``envbuild resolve``'s start-up path. The public names below load their module
-on first use.
+on ``envbuild resolve``'s start-up path. Import each module by its own name.
 """
 
 from __future__ import annotations
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-# Public name -> the module that defines it.
-_PUBLIC = {
-    "Check": "report",
-    "Outcome": "report",
-    "exit_code_for": "report",
-    "render_text": "report",
-    "summarize": "report",
-    "Coverage": "arch",
-    "arch_coverage": "arch",
-    "parse_arch": "arch",
-    "Diagnosis": "diagnose",
-    "classify_cuda_error": "diagnose",
-    "diagnose_no_gpu": "diagnose",
-    "diff_lock": "lockfile",
-    "HealthReading": "health",
-    "evaluate_health": "health",
-    "match_peak": "numeric",
-    "Topology": "nvsmi",
-    "parse_smi_csv": "nvsmi",
-    "parse_topo": "nvsmi",
-    "Options": "runner",
-    "run_smoke": "suite",
-    "main": "__main__",
-}
-
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    import importlib
-
-    return getattr(importlib.import_module("." + module, __name__), name)

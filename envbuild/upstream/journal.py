@@ -22,10 +22,9 @@ Log = Callable[[str], None]
 
 
 @contextlib.contextmanager
-def refresh_lock(target: Path, cache: Path | None, timeout_s: float, progress: Log) -> Iterator[None]:
+def refresh_lock(target: Path, timeout_s: float, progress: Log) -> Iterator[None]:
     """One writer per data directory at a time: ``data.matrix.lock``, the lock that
-    ``matrix validate --write-manifest`` also takes (``cache`` is no longer where it lives:
-    a lock under the cache directory was not seen by writers that know no cache)."""
+    ``matrix validate --write-manifest`` also takes."""
     target.mkdir(parents=True, exist_ok=True)  # --out may not exist yet
     with matrix.lock(target, timeout_s, progress):
         yield

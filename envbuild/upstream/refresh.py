@@ -103,7 +103,7 @@ def refresh(options: RefreshOptions, env: Mapping[str, str], log: Log, *, warn: 
     source_dir = options.matrices.resolve()
     check_writable_target(source_dir if options.out is None else options.out.resolve())
     cache = matrix.cache_directory(env)
-    with refresh_lock(options.out or source_dir, cache, options.lock_timeout_s, log):
+    with refresh_lock(options.out or source_dir, options.lock_timeout_s, log):
         if options.out is None and not options.dry_run:
             recover(source_dir)
         documents = read_documents(source_dir)
