@@ -469,7 +469,6 @@ def test_e12_offline_never_connects(upstream: Upstream, data: Path, env: dict[st
 
 
 def test_e13_second_refresh_sees_the_lock(upstream: Upstream, data: Path, env: dict[str, str]) -> None:
-
     before = snapshot(data)
     with journal.refresh_lock(data, 0, lambda m: None):
         with pytest.raises(DataError, match="refresh in progress"):
