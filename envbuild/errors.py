@@ -108,6 +108,13 @@ class RebootRequired(EnvbuildError):
 EXIT_INTERRUPTED = 130
 
 
+class StaleLock(EnvbuildError):
+    """``lock --check``: the lock no longer matches the project file or the matrices."""
+
+    name = "stale-lock"
+    exit_code = 11
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C raises KeyboardInterrupt:
     every ``except KeyboardInterrupt`` / ``finally`` cleanup (temporary directories, build

@@ -23,7 +23,7 @@ def _fail(code: int, text: str) -> Any:
 
 @pytest.mark.parametrize("command", [
     ["render", "docker", "--driver", "550", "-o", "{out}"],
-    ["lock", "--driver", "550", "-o", "{out}"],
+    ["lock", "--stack-only", "--driver", "550", "-o", "{out}"],
 ])
 def test_a_full_disk_while_writing_is_one_line_exit_1(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

@@ -256,7 +256,7 @@ def test_cli_prints_the_warning_on_stderr(tmp_path: Path, capsys: pytest.Capture
     if "ENVBUILD_MATRICES" in os.environ:
         env["ENVBUILD_MATRICES"] = os.environ["ENVBUILD_MATRICES"]
     out = tmp_path / "envbuild.lock"
-    code = main(["lock", "--driver", "570", "--variant", "default", "--base-image",
+    code = main(["lock", "--stack-only", "--driver", "570", "--variant", "default", "--base-image",
                  "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04", "-o", str(out)], env=env)
     captured = capsys.readouterr()
     assert code == 0, captured.err

@@ -78,19 +78,19 @@ def untouched(tmp_path: Path) -> bool:
 def test_lock_refuses_special_targets(kind: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     path, why = special_paths(tmp_path)[kind]
-    code, err = run(capsys, "lock", "--driver", "550", "-o", str(path))
+    code, err = run(capsys, "lock", "--stack-only", "--driver", "550", "-o", str(path))
     assert refused(code, err, path, why), err
     assert untouched(tmp_path)
 
 
 def test_lock_refuses_a_device(device: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = run(capsys, "lock", "--driver", "550", "-o", str(device))
+    code, err = run(capsys, "lock", "--stack-only", "--driver", "550", "-o", str(device))
     assert refused(code, err, device, "a character device"), err
 
 
 def test_lock_into_a_directory_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "keep").write_bytes(b"x")
-    code, err = run(capsys, "lock", "--driver", "550", "-o", str(tmp_path))
+    code, err = run(capsys, "lock", "--stack-only", "--driver", "550", "-o", str(tmp_path))
     assert refused(code, err, tmp_path, "is a directory"), err
     assert [p.name for p in tmp_path.iterdir()] == ["keep"]
 
@@ -98,7 +98,7 @@ def test_lock_into_a_directory_is_exit_2(tmp_path: Path, capsys: pytest.CaptureF
 def test_lock_still_replaces_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "envbuild.lock"
     path.write_bytes(b"old")
-    assert run(capsys, "lock", "--driver", "550", "-o", str(path))[0] == 0
+    assert run(capsys, "lock", "--stack-only", "--driver", "550", "-o", str(path))[0] == 0
     assert path.read_bytes().startswith(b"{")
 
 
@@ -266,7 +266,7 @@ def refuse_temporaries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
 
 
-@pytest.mark.parametrize("command", [["lock", "--driver", "550"], ["render", "docker", "--driver", "550"]])
+@pytest.mark.parametrize("command", [["lock", "--stack-only", "--driver", "550"], ["render", "docker", "--driver", "550"]])
 def test_an_unwritable_directory_is_exit_2(command: list[str], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:

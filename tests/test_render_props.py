@@ -178,7 +178,7 @@ def test_cli_writes_nothing_for_a_bad_value(field: str, data: st.DataObject, tmp
     lock = tmp_path / "envbuild.lock"
     assert main(["render", "docker", "--driver", "550", CLI_FLAGS[field], value,
                  "-o", str(out)], env=env) == 2
-    assert main(["lock", "--driver", "550", CLI_FLAGS[field], value, "-o", str(lock)],
+    assert main(["lock", "--stack-only", "--driver", "550", CLI_FLAGS[field], value, "-o", str(lock)],
                 env=env) == 2
     err = capsys.readouterr().err
     assert err.startswith("envbuild: error[") and not out.exists() and not lock.exists()

@@ -263,7 +263,7 @@ def test_cli_render_script_and_cloud_init(tmp_path: Path) -> None:
 def test_cli_bad_input_exits_2_and_writes_nothing(argv: list[str], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     lock = tmp_path / "envbuild.lock"
-    assert cli.main(["lock", "--driver", "550", "-o", str(lock)], env={}) == 0
+    assert cli.main(["lock", "--stack-only", "--driver", "550", "-o", str(lock)], env={}) == 0
     argv = [str(lock) if a == "LOCK" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
     assert cli.main(argv, env={}) == 2
     assert not (tmp_path / "out").exists()

@@ -33,15 +33,15 @@ EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
   3 no compatible stack  4 data error                        5 Docker unreachable
   6 image build failed   7 smoke test failed                 8 GPU runtime/driver missing
-  9 host preflight failed  10 reboot required  130 interrupted (Ctrl-C)
-  129/143 hung up/terminated (SIGHUP/SIGTERM)     141 output pipe closed"""
+  9 host preflight failed  10 reboot required  11 lock is stale (lock --check)
+  130 interrupted (Ctrl-C)   129/143 hung up/terminated (SIGHUP/SIGTERM)     141 output pipe closed"""
 
 
 # Commands whose modules import jinja2, the Docker SDK or requests: registered by
 # ``<module>.add_commands(commands)`` only when one of the module's commands runs (or
 # for --help), so ``envbuild resolve`` never pays for them.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "lock": ("envbuild.commands.render", "pin a resolved stack into envbuild.lock"),
+    "lock": ("envbuild.commands.lock", "pin every target's whole environment: envbuild.lock + pylock files"),
     "render": ("envbuild.commands.render", "write a Dockerfile (and lock, smoke test) for a stack"),
     "build": ("envbuild.commands.build", "render a stack and build its image on a Docker engine"),
     "verify": ("envbuild.commands.build", "run an image's smoke test in a container"),

@@ -96,6 +96,7 @@ def add_render_options(p: argparse.ArgumentParser) -> None:
 def add_context_options(p: argparse.ArgumentParser) -> None:
     """Options that shape the build context but not the lock (render docker, build)."""
     p.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+    p.add_argument("--target", metavar="NAME", help="the lock's target (when it has several)")
     p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
     p.add_argument("--wheelhouse", metavar="DIR",
                    help="wheels copied into the context and preferred (air-gapped builds)")

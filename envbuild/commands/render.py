@@ -35,11 +35,6 @@ def add_commands(commands: Any) -> None:
     """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
     from envbuild.render.script import render_cloud_init, render_script
 
-    p = commands.add_parser("lock", help="resolve a stack and write envbuild.lock")
-    add_selectors(p)
-    add_render_options(p)
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="lock file to write")
-    p.set_defaults(run=cmd_lock)
     r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
     sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
                            parser_class=Parser)
@@ -56,6 +51,7 @@ def add_commands(commands: Any) -> None:
         add_selectors(h)
         add_render_options(h)
         h.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
+        h.add_argument("--target", metavar="NAME", help="the lock's target to render (when it has several)")
         add_output_dir(h)
         h.set_defaults(run=render_host(renderer))
 
@@ -67,35 +63,25 @@ def warn_duplicate_cuda(lock: Lock) -> None:
     warn_all(duplicate_cuda(lock))
 
 
-def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-    from envbuild.fs import UnwritableDirectory, check_file_target, write_file
-
-    path = Path(args.output)
-    check_file_target(path)  # a directory, link or device is exit 2 before any resolving
-    lock = resolve_lock(args, env, load_matrix(args, env))
-    warn_duplicate_cuda(lock)
-    if not path.parent.resolve().is_dir():
-        raise UsageError(f"directory of {path} does not exist")
-    try:
-        write_file(path, lock.to_json().encode("utf-8"))
-    except UnwritableDirectory as exc:
-        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
-    out(f"wrote {path}")
-    return 0
-
-
 def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
     """The lock (read or resolved) and the build context's files, for render docker and build."""
     from envbuild.data.peaks import peaks_json
     from envbuild.render.docker import render_docker
-    from envbuild.render.lock import read_lock
+    from envbuild.render.lockset import read_lockset
 
     matrix = load_matrix(args, env)
     options = render_options(args)
-    if args.lock:
-        reject_image_options(args, kind="image")
-    lock = read_lock(Path(args.lock)) if args.lock else resolve_lock(args, env, matrix)
-    return lock, render_docker(lock, options, peaks=peaks_json(matrix))
+    if not args.lock:
+        if args.target:
+            raise UsageError("--target selects a target of --lock FILE")
+        lock = resolve_lock(args, env, matrix)
+        return lock, render_docker(lock, options, peaks=peaks_json(matrix))
+    reject_image_options(args, kind="image")
+    lockset = read_lockset(Path(args.lock))
+    name, lock = lockset.select(args.target)
+    # A closure's image carries a lock set of its own target; a stack-only lock stays as it was.
+    carried = lockset.only(name).to_json() if lock.pylock is not None else None
+    return lock, render_docker(lock, options, peaks=peaks_json(matrix), lockset_json=carried)
 
 
 def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
@@ -122,9 +108,11 @@ def render_host(renderer: Renderer) -> Command:
 
 def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
     """Unlike render docker, the --lock rule is checked before any option is validated."""
-    from envbuild.render.lock import read_lock
+    from envbuild.render.lockset import read_target
 
     if args.lock:
         reject_image_options(args, kind="install")
-        return read_lock(Path(args.lock))
+        return read_target(Path(args.lock), args.target)[1]
+    if args.target:
+        raise UsageError("--target selects a target of --lock FILE")
     return resolve_lock(args, env, load_matrix(args, env))

@@ -243,7 +243,7 @@ def labels(lock: Lock) -> list[tuple[str, str]]:
 
 
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
-            peaks: bool = False) -> dict[str, Any]:
+            peaks: bool = False, project_requirements: bool = False) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
     index_url = lock.index_url
@@ -278,11 +278,14 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "pip_packages": sorted(lock.pip_packages),
         "env": [(key, quote(value)) for key, value in sorted(lock.env)],
         "user": lock.user,
+        "closure": lock.pylock is not None,
+        "pylock_file": None if lock.pylock is None else lock.pylock.file,
+        "project_requirements": project_requirements,
     }
 
 
 def render_docker(lock: Lock, options: RenderOptions, *,
-                  peaks: bytes | None = None) -> dict[str, FileData]:
+                  peaks: bytes | None = None, lockset_json: str | None = None) -> dict[str, FileData]:
     """The build context: Dockerfile, envbuild.lock, smoke.py (and its GPU peak table),
     .dockerignore, plus the CA bundle and the wheelhouse's wheels when given. Wheels are
     returned as paths (copied, never read into memory)."""
@@ -291,15 +294,28 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     files: dict[str, FileData] = {}
     if options.ca_bundle is not None:
         files[CA_BUNDLE_NAME] = _ca_bytes(str(options.ca_bundle))
+    wheelhouse = options.wheelhouse
+    requirements: dict[str, str] = {}
+    if lock.pylock is not None:
+        if wheelhouse:
+            raise UsageError("--wheelhouse cannot be combined with a locked closure",
+                             hint="the lock names every file; lock with find-links to use local wheels")
+        from envbuild.render import closure  # reads pylock files: only for a locked closure
+
+        requirements = closure.requirement_files(lock, local_dir=f"/tmp/{WHEELHOUSE_DIR}")
+        wheelhouse = tuple(closure.local_wheels(lock))
+        for name, text in requirements.items():
+            files[f"requirements/{name}.txt"] = text.encode("utf-8")
+        files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(
-        context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=options.wheelhouse,
-                peaks=peaks is not None))
+        context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
+                peaks=peaks is not None, project_requirements="project" in requirements))
     files["Dockerfile"] = text.encode("utf-8")
-    files["envbuild.lock"] = lock.to_json().encode("utf-8")
+    files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()
     if peaks is not None:
         files[PEAKS_NAME] = peaks
-    for wheel in options.wheelhouse:
+    for wheel in wheelhouse:
         files[f"{WHEELHOUSE_DIR}/{wheel.name}"] = wheel
     # Only what the Dockerfile copies goes to the daemon.
     keep = sorted({n.split("/")[0] for n in files if n != "Dockerfile"})

@@ -28,6 +28,16 @@ Format (schema 1, JSON object, keys sorted):
   python_standalone {"url": ..., "sha256": ...} for standalone, else null
   matrices_digest   sha256 over the compatibility data the stack was resolved from
   apt_packages, pip_packages, env, user   the extra render options
+  pylock            optional: the whole closure. {"file": "pylock.toml" | "pylock.NAME.toml"
+                    (beside the lock), "sha256": of that file, "torch_layer": [canonical names
+                    installed in the torch layer]}; ``packages`` then holds EVERY distribution
+                    of the environment ({canonical name: version}) and ``pip_packages`` is empty
+                    (the user's requirements are in the closure). Absent: a stack-only lock
+                    (torch and its pins; pip resolves the rest at build time).
+  base_offline      optional, true when ``lock --offline`` kept the base image's tag unresolved
+
+A lock file holds one such object per target inside a lock set (``render/lockset.py``,
+schema 2); a schema-1 file is one stack-only object at the top level.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +61,12 @@ _LOCAL_RE = re.compile(r"cpu|cu[0-9]{3,4}|rocm[0-9.]+", re.ASCII)
 _UBUNTU_RE = re.compile(r"[0-9]{2}\.[0-9]{2}", re.ASCII)
 _NVIDIA_RE = re.compile(r"nvidia-[a-z0-9][a-z0-9._-]*", re.ASCII)
 _LAYER_RE = re.compile(r"[a-z][a-z0-9-]{0,31}", re.ASCII)
+# A canonical distribution name (PEP 503) and a version as PEP 440 writes it (normalised form).
+_CANONICAL_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
+_PEP440_RE = re.compile(r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
+                        r"(?:\.dev[0-9]+)?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?", re.ASCII)
+_PLATFORM_RE = re.compile(r"x86_64-manylinux_2_[0-9]{2}", re.ASCII)
+_PYLOCK_NAME_RE = re.compile(r"pylock(?:\.[a-z0-9][a-z0-9_-]{0,31})?\.toml", re.ASCII)
 LAYER_SOURCE = "wheel sizes"
 
 
@@ -77,6 +93,26 @@ class Layer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PylockRef:
+    """A target's PEP 751 file beside the lock: its name, digest, and the torch layer's share."""
+
+    file: str
+    sha256: str
+    torch_layer: tuple[str, ...]
+    platform: str  # what the closure was resolved for: x86_64-manylinux_2_NN (NN: the Ubuntu's glibc)
+    text: str = field(default="", compare=False)  # the file's content when made or read
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256, "torch_layer": list(self.torch_layer),
+                "platform": self.platform}
+
+    @property
+    def glibc(self) -> str:
+        """The glibc minor the platform names ("2.35")."""
+        return self.platform.rsplit("_", 2)[-2] + "." + self.platform.rsplit("_", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Lock:
     stack: Stack
     packages: Mapping[str, str]
@@ -93,9 +129,14 @@ class Lock:
     user: str = "envbuild"
     companions: bool = True
     layers: tuple[Layer, ...] = ()
+    pylock: PylockRef | None = None
+    base_offline: bool = False
 
     def to_json(self) -> str:
-        data = {
+        return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+
+    def to_mapping(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "schema": SCHEMA,
             "stack": self.stack.to_json(),
             "packages": dict(self.packages),
@@ -116,7 +157,11 @@ class Lock:
             data["companions"] = False
         if self.layers:  # absent when unknown, so locks written before it read the same
             data["layers"] = [layer.to_json() for layer in self.layers]
-        return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+        if self.pylock is not None:
+            data["pylock"] = self.pylock.to_json()
+        if self.base_offline:
+            data["base_offline"] = True
+        return data
 
 
 def distro_python(matrix: Matrix, ubuntu: str) -> str | None:
@@ -124,6 +169,15 @@ def distro_python(matrix: Matrix, ubuntu: str) -> str | None:
     for row in matrix.rows("ubuntu_python"):
         if str(row["ubuntu"]) == ubuntu:
             return str(row["python"])
+    return None
+
+
+def distro_glibc(matrix: Matrix, ubuntu: str) -> str | None:
+    """The glibc minor version Ubuntu ``ubuntu`` ships (ubuntu_python.yaml): the manylinux
+    level its wheels are chosen for."""
+    for row in matrix.rows("ubuntu_python"):
+        if str(row["ubuntu"]) == ubuntu and row.get("glibc"):
+            return str(row["glibc"])
     return None
 
 
@@ -308,9 +362,17 @@ def check_lock(lock: Lock) -> None:
         check_sha256(lock.python_standalone.sha256, "--python-sha256")
     torch_pins = pins(s, companions=lock.companions)
     extra = {k: v for k, v in lock.packages.items() if k not in torch_pins}
+    # A whole closure holds every distribution; a stack-only lock torch's nvidia-* pins only.
+    name_ok, version_ok = ((_CANONICAL_RE, _PEP440_RE) if lock.pylock is not None
+                           else (_NVIDIA_RE, _VERSION_RE))
     if {k: lock.packages.get(k) for k in torch_pins} != torch_pins or any(
-            not _NVIDIA_RE.fullmatch(k) or not _VERSION_RE.fullmatch(v) for k, v in extra.items()):
+            not name_ok.fullmatch(k) or not version_ok.fullmatch(v) for k, v in extra.items()):
         raise UsageError("lock packages do not match its stack", hint="re-create the lock")
+    if lock.pylock is not None:
+        check_pylock_ref(lock.pylock, lock.packages)
+        if lock.pip_packages:
+            raise UsageError("a locked closure has no pip_packages: the requirements are in it",
+                             hint="re-create the lock")
     for layer in lock.layers:
         check_layer(layer, lock.packages)
     check_image_reference(lock.base_image, "base_image")
@@ -336,6 +398,21 @@ def check_lock(lock: Lock) -> None:
             raise UsageError(f"invalid environment key {key!r} in the lock",
                              hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
+
+
+def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
+    """The pylock entry: a plain file name beside the lock, a digest, a torch layer inside the closure."""
+    if not isinstance(ref.file, str) or not _PYLOCK_NAME_RE.fullmatch(ref.file):
+        raise UsageError(f"invalid pylock file name {ref.file!r} in the lock",
+                         hint="pylock.toml or pylock.NAME.toml, beside the lock")
+    check_sha256(ref.sha256, "pylock sha256")
+    if "torch" not in ref.torch_layer or not set(ref.torch_layer) <= set(packages) \
+            or list(ref.torch_layer) != sorted(set(ref.torch_layer)):
+        raise UsageError("invalid torch_layer in the lock: sorted names of the closure, torch among them",
+                         hint="re-create the lock")
+    if not _PLATFORM_RE.fullmatch(ref.platform):
+        raise UsageError(f"invalid pylock platform {ref.platform!r} in the lock",
+                         hint="x86_64-manylinux_2_NN")
 
 
 def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
@@ -377,7 +454,7 @@ def from_json(text: str) -> Lock:
 _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "base_digest",
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
-_OPTIONAL_KEYS = frozenset({"companions", "layers"})
+_OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -413,6 +490,9 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
     layers = data.get("layers", [])
     if not isinstance(layers, list):
         raise UsageError("lock 'layers' must be a list")
+    base_offline = data.get("base_offline", False)
+    if not isinstance(base_offline, bool):
+        raise UsageError("lock 'base_offline' must be true or false")
     return Lock(
         stack=Stack(**fields),
         packages={_str(k, "package name"): _str(v, f"package {k!r} version")
@@ -432,7 +512,17 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         user=_str(data["user"], "user"),
         companions=companions,
         layers=tuple(_layer(raw) for raw in layers),
+        pylock=_pylock(data["pylock"]) if "pylock" in data else None,
+        base_offline=base_offline,
     )
+
+
+def _pylock(raw: Any) -> PylockRef:
+    if not isinstance(raw, dict) or set(raw) != {"file", "sha256", "torch_layer", "platform"}:
+        raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform")
+    return PylockRef(file=_str(raw["file"], "pylock file"), sha256=_str(raw["sha256"], "pylock sha256"),
+                     torch_layer=tuple(_strings(raw["torch_layer"], "pylock torch_layer")),
+                     platform=_str(raw["platform"], "pylock platform"))
 
 
 def _layer(raw: Any) -> Layer:

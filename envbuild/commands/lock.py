@@ -1,0 +1,359 @@
+"""``envbuild lock``: every target of the project (or of the flags) pinned, whole.
+
+For each target: the stack as ``resolve`` ranks it, the base image by digest (the registry is
+asked; ``--offline`` keeps the tag and says so), then every Python distribution the
+environment will hold, resolved by uv for the stack's platform into a PEP 751 file beside the
+lock. ``--stack-only`` writes the old stack lock (torch and its pins only, nothing resolved
+beyond them). ``--check`` writes nothing and exits 11 when the lock is stale against the
+project file or the matrices.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbuild.commands.options import (
+    Out,
+    add_render_options,
+    add_selectors,
+    load_matrix,
+    resolve_lock,
+    warn,
+    warn_all,
+)
+from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
+
+if TYPE_CHECKING:
+    from envbuild.data.matrix import Matrix
+    from envbuild.project.model import Project, Target
+    from envbuild.render.lock import Lock
+    from envbuild.render.lockset import LockSet
+
+# Selector attributes a project's values fill when the flag was not given.
+_STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant")
+
+
+def add_commands(commands: Any) -> None:
+    p = commands.add_parser("lock", help="pin every target's whole environment: envbuild.lock + pylock files")
+    add_selectors(p)
+    add_render_options(p)
+    p.add_argument("-o", "--output", default="envbuild.lock", metavar="FILE",
+                   help="lock file to write (default: envbuild.lock); pylock files go beside it")
+    p.add_argument("--project", metavar="FILE",
+                   help="envbuild.toml or pyproject.toml with [tool.envbuild] (default: found in the "
+                        "current directory, if any)")
+    p.add_argument("--no-project", action="store_true", help="ignore a project file in the current directory")
+    p.add_argument("--offline", action="store_true",
+                   help="ask no registry: keep the base image's tag (recorded in the lock) and let uv "
+                        "use its cache only")
+    p.add_argument("--stack-only", action="store_true",
+                   help="pin the stack and torch only (no closure: pip resolves the rest at build time)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 11 when the lock is stale against the project or the matrices")
+    p.add_argument("--upgrade", action="store_true", help="re-resolve every distribution to its newest")
+    p.add_argument("--upgrade-package", action="append", default=[], metavar="NAME",
+                   help="re-resolve NAME only (repeatable); the other pins are kept")
+    p.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                   help="also take wheels from DIR (a wheelhouse; recorded in the pylock by path)")
+    p.set_defaults(run=cmd_lock)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one target is locked from: the merged selectors and the project's extras."""
+
+    name: str
+    args: argparse.Namespace
+    dependencies: tuple[str, ...]
+    torch_constraints: tuple[str, ...]
+
+
+def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from envbuild.fs import check_file_target
+
+    path = Path(args.output)
+    check_file_target(path)  # a directory, link or device is exit 2 before any resolving
+    if not path.parent.resolve().is_dir():
+        raise UsageError(f"directory of {path} does not exist")
+    if args.upgrade and args.upgrade_package:
+        raise UsageError("--upgrade and --upgrade-package cannot be combined",
+                         hint="--upgrade already re-resolves every package")
+    if args.stack_only and (args.upgrade or args.upgrade_package or args.find_links or args.check):
+        raise UsageError("--stack-only locks no closure: --upgrade, --upgrade-package, --find-links "
+                         "and --check need one")
+    project = _project(args)
+    if args.stack_only:
+        if project is not None:
+            raise UsageError("--stack-only cannot lock a project's dependencies",
+                             hint="drop --stack-only, or pass --no-project")
+        return _stack_only(args, env, path, out)
+    matrix = load_matrix(args, env)
+    plans = _plans(args, project)
+    if args.check:
+        return _check(args, env, matrix, plans, project, path, out)
+    lockset = _lock_all(args, env, matrix, plans, project, previous=_previous(path))
+    _write(path, lockset, out)
+    return 0
+
+
+def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, out: Out) -> int:
+    from envbuild.commands.render import warn_duplicate_cuda
+    from envbuild.fs import UnwritableDirectory, write_file
+
+    lock = resolve_lock(args, env, load_matrix(args, env))
+    warn_duplicate_cuda(lock)
+    try:
+        write_file(path, lock.to_json().encode("utf-8"))
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
+    out(f"wrote {path} (stack only: the distributions beyond torch's pins are not locked)")
+    return 0
+
+
+def _project(args: argparse.Namespace) -> Project | None:
+    if args.no_project:
+        if args.project:
+            raise UsageError("--project and --no-project cannot be combined")
+        return None
+    cwd = Path.cwd()
+    if args.project is None and not _has_project(cwd):
+        return None
+    from envbuild.project.config import load_project
+
+    return load_project(Path(args.project) if args.project else None, cwd)
+
+
+def _has_project(cwd: Path) -> bool:
+    """An envbuild.toml, or a pyproject.toml that has a [tool.envbuild] table."""
+    if (cwd / "envbuild.toml").is_file():
+        return True
+    pyproject = cwd / "pyproject.toml"
+    try:
+        return pyproject.is_file() and "[tool.envbuild" in pyproject.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return True  # load_project reports it with its path
+
+
+def _plans(args: argparse.Namespace, project: Project | None) -> list[_Plan]:
+    """One plan per target; flags override the file's values."""
+    from envbuild.render.lockset import DEFAULT_TARGET
+
+    if project is None:
+        return [_Plan(DEFAULT_TARGET, args, tuple(args.pip_package), ())]
+    return [_Plan(t.name, _merged(args, project, t), project.dependencies + tuple(args.pip_package),
+                  project.torch_constraints) for t in project.targets]
+
+
+def _merged(args: argparse.Namespace, project: Project, target: Target) -> argparse.Namespace:
+    ns = argparse.Namespace(**vars(args))
+    if not (args.driver or args.host):
+        ns.driver = target.driver
+    if not (args.gpu or args.arch or args.host):
+        ns.gpu, ns.arch = list(target.gpus), list(target.archs)
+    ns.datacenter = args.datacenter or target.datacenter
+    for key in _STACK_KEYS:
+        if getattr(args, key) is None:
+            setattr(ns, key, getattr(project, key))
+    if args.flavor == "runtime" and project.flavor:  # argparse's default: the file may say devel
+        ns.flavor = project.flavor
+    ns.index_url = args.index_url or project.torch_index_url
+    ns.base_image = args.base_image or project.base_image
+    ns.apt_package = sorted(set(args.apt_package) | set(project.apt_packages))
+    ns.env = [f"{k}={v}" for k, v in project.env] + list(args.env)
+    ns.user = args.user if args.user != "envbuild" else project.user
+    ns.companions = args.companions and project.companions
+    ns.pip_package = []  # the project's requirements go into the closure, not a pip step
+    return ns
+
+
+def _torch_spec(args: argparse.Namespace, constraints: Sequence[str]) -> argparse.Namespace:
+    """The project's own torch requirements narrow the stack's torch, so the resolver (and its
+    explanation of a conflict) sees them; torchvision/torchaudio ones go to uv."""
+    from packaging.requirements import Requirement
+
+    specs = [str(Requirement(c).specifier) for c in constraints
+             if Requirement(c).name.lower() == "torch" and str(Requirement(c).specifier)]
+    if not specs:
+        return args
+    ns = argparse.Namespace(**vars(args))
+    ns.torch = ",".join(([args.torch] if args.torch else []) + specs)
+    return ns
+
+
+def _previous(path: Path) -> LockSet | None:
+    """The lock already there, whose pins uv keeps (unless told to upgrade); unreadable → none."""
+    from envbuild.render.lockset import read_lockset
+
+    if not path.is_file():
+        return None
+    try:
+        return read_lockset(path)
+    except UsageError as exc:
+        warn(f"{path} is not read back ({exc.message}): every pin is resolved anew")
+        return None
+
+
+def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plan: _Plan) -> Lock:
+    """The stack and image options of one target, before the closure."""
+    ns = _torch_spec(plan.args, plan.torch_constraints)
+    try:
+        return resolve_lock(ns, env, matrix)
+    except NoCompatibleStack as exc:
+        if ns is plan.args:
+            raise
+        origin = ", ".join(plan.torch_constraints)
+        raise NoCompatibleStack(f"target {plan.name!r}: {exc.message} (the project requires {origin})",
+                                conflicts=exc.conflicts, fixes=exc.fixes, hint=exc.hint) from None
+
+
+def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
+              project: Project | None, *, previous: LockSet | None) -> LockSet:
+    from envbuild.commands.render import warn_duplicate_cuda
+    from envbuild.render.lockset import LockSet, ProjectRef
+
+    locks: dict[str, Lock] = {}
+    for plan in plans:
+        lock = _target_lock(args, env, matrix, plan)
+        warn_duplicate_cuda(lock)
+        lock = _pin_base(args, env, project, lock)
+        old = previous.targets.get(plan.name) if previous is not None else None
+        locks[plan.name] = _close(args, env, matrix, project, plan, lock, old, len(plans))
+    ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
+    return LockSet(targets=locks, project=ref)
+
+
+def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock) -> Lock:
+    """The base image by digest, from its registry; --offline keeps the tag and records that."""
+    if lock.base_digest is not None:
+        return lock
+    if args.offline:
+        warn(f"--offline: the base image stays the tag {lock.base_image} (recorded in the lock as "
+             "base_offline); a registry may move it")
+        return replace(lock, base_offline=True)
+    from envbuild.upstream.registry import image_digest, pinned
+
+    mirrors = {} if project is None else dict(project.registry_mirrors)
+    digest = image_digest(lock.base_image, mirrors=mirrors, env=env)
+    return replace(lock, base_image=pinned(lock.base_image, digest), base_digest=digest)
+
+
+def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
+           plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
+    """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
+    from envbuild.pylock.uv import ClosureSpec, compile_closure
+    from envbuild.render.lock import PylockRef, check_lock, distro_glibc, pins
+    from envbuild.render.lockset import pylock_name, sha256_text
+    from envbuild.upstream.pipconfig import index_url as configured_index
+
+
+    glibc = distro_glibc(matrix, lock.stack.ubuntu)
+    if glibc is None:
+        raise UsageError(f"no glibc recorded for Ubuntu {lock.stack.ubuntu} (matrices/ubuntu_python.yaml)")
+    user_index = project.index_url if project is not None and project.index_url else None
+    spec = ClosureSpec(
+        torch_pins=pins(lock.stack, companions=lock.companions),
+        torch_index=lock.index_url,
+        dependencies=tuple(plan.dependencies),
+        torch_constraints=tuple(plan.torch_constraints),
+        python=lock.stack.python,
+        glibc=glibc,
+        default_index=user_index or configured_index(None, env),
+        find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
+        previous=None if old is None or old.pylock is None else old.pylock.text,
+        upgrade=args.upgrade,
+        upgrade_packages=tuple(args.upgrade_package),
+        offline=args.offline,
+    )
+    closure = compile_closure(spec)
+    ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
+                    torch_layer=tuple(sorted(closure.torch_layer)),
+                    platform=f"x86_64-manylinux_{glibc.replace('.', '_')}", text=closure.pylock_text)
+    locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
+                     layers=())
+    check_lock(locked)
+    return locked
+
+
+def _write(path: Path, lockset: LockSet, out: Out) -> None:
+    """The pylock files first, envbuild.lock last: a lock never names a file not yet written."""
+    from envbuild.fs import UnwritableDirectory, write_file
+
+    files = lockset.files()
+    try:
+        for name in sorted(n for n in files if n != "envbuild.lock"):
+            write_file(path.parent / name, files[name])
+        write_file(path, files["envbuild.lock"])
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
+    for name, lock in sorted(lockset.targets.items()):
+        assert lock.pylock is not None
+        base = lock.base_image if lock.base_digest else f"{lock.base_image} (tag, --offline)"
+        out(f"target {name}: torch {lock.stack.torch} ({lock.stack.variant}), Python {lock.stack.python}, "
+            f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base}")
+    out(f"wrote {path}")
+
+
+def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
+           project: Project | None, path: Path, out: Out) -> int:
+    """Stale when: no lock, another project input, another target set, another stack or option
+    from today's matrices, or a pylock file that no longer matches. Nothing is asked of uv or
+    a registry, so it runs offline in CI."""
+    from envbuild.render.lockset import read_lockset
+
+    if not path.is_file():
+        raise StaleLock(f"{path} does not exist", hint="run 'envbuild lock'")
+    try:
+        lockset = read_lockset(path)
+    except UsageError as exc:
+        raise StaleLock(f"{path}: {exc.message}", hint="run 'envbuild lock'") from None
+    reasons: list[str] = []
+    digest = None if project is None else project.inputs_digest
+    locked_digest = None if lockset.project is None else lockset.project.inputs_sha256
+    if digest != locked_digest:
+        reasons.append("the project file or a requirements file changed" if project and lockset.project
+                       else "the lock was not made from this project" if project
+                       else "the lock was made from a project file, and none is used now")
+    names = {p.name for p in plans}
+    if names != set(lockset.targets):
+        reasons.append(f"targets now {', '.join(sorted(names))}; locked {', '.join(sorted(lockset.targets))}")
+    for plan in plans:
+        locked = lockset.targets.get(plan.name)
+        if locked is None:
+            continue
+        if locked.pylock is None:
+            reasons.append(f"target {plan.name}: a stack-only lock (no closure)")
+            continue
+        now = _target_lock(args, env, matrix, plan)
+        reasons.extend(f"target {plan.name}: {r}" for r in _differences(locked, now))
+    if reasons:
+        raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
+                        hint="run 'envbuild lock' and commit the result")
+    out(f"{path} is up to date ({len(lockset.targets)} target{'s' if len(lockset.targets) != 1 else ''})")
+    return 0
+
+
+def _differences(locked: Lock, now: Lock) -> list[str]:
+    """What today's stack resolution and options would change in a locked target."""
+    found: list[str] = []
+    if now.stack != locked.stack:
+        changed = [f for f in type(now.stack).fields() if getattr(now.stack, f) != getattr(locked.stack, f)]
+        found.append(f"the stack changed ({', '.join(changed)})")
+    if now.matrices_digest != locked.matrices_digest:
+        found.append("the matrices changed since it was locked")
+    if now.base_image.split("@", 1)[0] != locked.base_image.split("@", 1)[0]:
+        found.append(f"base image now {now.base_image}")
+    for field in ("apt_packages", "env", "user", "flavor", "index_url", "companions", "python_standalone"):
+        if getattr(now, field) != getattr(locked, field):
+            found.append(f"{field} changed")
+    return found
+
+
+def warn_companions(locks: Mapping[str, Lock]) -> None:
+    warn_all(f"target {name}: no {', '.join(missing)} for torch {lock.stack.torch}"
+             for name, lock in locks.items()
+             if (missing := [c for c in ("torchvision", "torchaudio") if getattr(lock.stack, c) is None])
+             and lock.companions)

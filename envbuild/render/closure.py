@@ -1,0 +1,42 @@
+"""A locked closure's install files: the hash-pinned requirements of each layer.
+
+The torch layer holds the distributions the lock's ``torch_layer`` names (torch, its
+companions and everything they pull in); the project layer the rest. Each line is
+``name @ URL --hash=sha256:…`` for the one wheel the lock's platform installs, so the build
+asks no index and resolves nothing (``pip install --no-deps --no-index --require-hashes``).
+Wheels the lock names by local path (a find-links directory) are copied into the build
+context and named under ``local_dir`` instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envbuild.errors import UsageError
+from envbuild.pylock.files import read_pylock
+from envbuild.pylock.install import install_requirements
+from envbuild.pylock.install import local_wheels as pylock_local_wheels
+from envbuild.render.lock import Lock
+
+
+def requirement_files(lock: Lock, *, local_dir: str | None) -> dict[str, str]:
+    """{"torch": text, "project": text}; "project" only when the project adds distributions."""
+    ref = lock.pylock
+    if ref is None:
+        raise UsageError("the lock holds no closure", hint="run 'envbuild lock'")
+    pylock = read_pylock(ref.text)
+    torch_layer = sorted(ref.torch_layer)
+    rest = sorted(set(lock.packages) - set(torch_layer))
+    files = {"torch": install_requirements(pylock, torch_layer, python=lock.stack.python,
+                                           glibc=ref.glibc, local_dir=local_dir)}
+    if rest:
+        files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
+                                                glibc=ref.glibc, local_dir=local_dir)
+    return files
+
+
+def local_wheels(lock: Lock) -> list[Path]:
+    """The wheel files the lock names on this machine, to copy into a build context."""
+    if lock.pylock is None:
+        return []
+    return sorted(pylock_local_wheels(read_pylock(lock.pylock.text)), key=lambda p: p.name)
