@@ -38,6 +38,7 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--network", choices=("host", "none", "default"), default="default",
                    help="network of the build's RUN steps")
     g.add_argument("--report", metavar="FILE", help="write the build report (JSON) to FILE")
+    g.add_argument("--no-cache", action="store_true", help="build every step again, using no cached layer")
     g.add_argument("--verbose", "-v", action="store_true", help="show every build log line")
     b.set_defaults(run=cmd_build)
 
@@ -83,7 +84,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         elif event.kind == "download" or args.verbose:
             _err(f"    {event.text}")
 
-    result = build_image(SdkBuilder(client=client), files, tag=tag,
+    result = build_image(SdkBuilder(client=client, nocache=args.no_cache), files, tag=tag,
                          network=None if args.network == "default" else args.network,
                          progress=progress, on_interrupt=client.close)
     if args.report:

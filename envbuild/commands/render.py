@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from envbuild.render.lock import Lock
 
 # A host renderer (render script, render cloud-init): a lock in, files out.
-Renderer = Callable[["Lock"], dict[str, bytes]]
+Renderer = Callable[["Lock", "str | None"], dict[str, bytes]]
 
 
 def add_commands(commands: Any) -> None:
@@ -102,17 +102,20 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
 def render_host(renderer: Renderer) -> Command:
     """The command for one host renderer: the lock read (or resolved), rendered, written."""
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        return write_files(args, renderer(read_or_resolve_lock(args, env)), out)
+        return write_files(args, renderer(*read_or_resolve_lock(args, env)), out)
     return run
 
 
-def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> Lock:
-    """Unlike render docker, the --lock rule is checked before any option is validated."""
-    from envbuild.render.lockset import read_target
+def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, str | None]:
+    """The lock, and the lock file text a locked closure ships (its own target's lock set).
+    Unlike render docker, the --lock rule is checked before any option is validated."""
+    from envbuild.render.lockset import read_lockset
 
     if args.lock:
         reject_image_options(args, kind="install")
-        return read_target(Path(args.lock), args.target)[1]
+        lockset = read_lockset(Path(args.lock))
+        name, lock = lockset.select(args.target)
+        return lock, lockset.only(name).to_json() if lock.pylock is not None else None
     if args.target:
         raise UsageError("--target selects a target of --lock FILE")
-    return resolve_lock(args, env, load_matrix(args, env))
+    return resolve_lock(args, env, load_matrix(args, env)), None

@@ -80,6 +80,7 @@ class SdkBuilder:
     log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL))
     seen: list[tuple[int, str]] = field(default_factory=list)
     cached: set[int] = field(default_factory=set)
+    nocache: bool = False  # build every step again (a reproducibility check, a poisoned cache)
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
               labels: Mapping[str, str], progress: Callable[[BuildEvent], None]) -> BuildResult:
@@ -96,6 +97,7 @@ class SdkBuilder:
                 fileobj=context, custom_context=True, encoding=None, tag=tag, rm=True,
                 forcerm=True,  # intermediate containers go even when a step fails
                 network_mode=network, labels=dict(labels), decode=True, pull=False,
+                nocache=self.nocache,
                 timeout=self.read_timeout)
             for chunk in stream:
                 step, image_id = self._event(chunk, step, image_id, progress)

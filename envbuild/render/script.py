@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from envbuild.errors import UsageError
@@ -84,7 +85,7 @@ def arrays(lock: Lock) -> list[tuple[str, list[str]]]:
             ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)])]
 
 
-def context(lock: Lock) -> dict[str, Any]:
+def context(lock: Lock, layers: Sequence[str] = ()) -> dict[str, Any]:
     s = lock.stack
     standalone = None
     if lock.python_standalone is not None:
@@ -96,6 +97,7 @@ def context(lock: Lock) -> dict[str, Any]:
         "python_standalone": standalone, "venv": VENV, "python_home": PYTHON_HOME,
         "tarball": TARBALL, "download": "download", "pins": ['"${TORCH_PINS[@]}"'],
         "index_url": '"$INDEX_URL"' if lock.index_url is not None else None,
+        "closure": lock.pylock is not None, "layers": list(layers),
     }
 
 
@@ -105,20 +107,38 @@ def _smoke() -> bytes:
     return payload()
 
 
-def render_script(lock: Lock) -> dict[str, bytes]:
-    """``install.sh`` with the lock and the smoke test it runs (read beside it)."""
+def render_script(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
+    """``install.sh`` with the lock and the smoke test it runs (read beside it); for a locked
+    closure also each layer's hash-pinned requirements and the pylock file. ``carried``: the
+    lock file text to ship (a closure's lock set of its own target), else the lock itself."""
     check_scriptable(lock)
-    text = environment().get_template("install.sh.j2").render(context(lock))
-    return {"envbuild.lock": lock.to_json().encode("utf-8"), "install.sh": text.encode("utf-8"),
-            "smoke.py": _smoke()}
+    files: dict[str, bytes] = {}
+    if lock.pylock is not None:
+        from envbuild.render.closure import requirement_files
+
+        # A host fetches every file itself: a wheel the lock names by local path is refused here.
+        for name, text in requirement_files(lock, local_dir=None).items():
+            files[f"requirements/{name}.txt"] = text.encode("utf-8")
+        files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
+    layers = [n.split("/")[1].removesuffix(".txt") for n in sorted(files, key=_layer_order)
+              if n.startswith("requirements/")]
+    text = environment().get_template("install.sh.j2").render(context(lock, layers))
+    files.update({"envbuild.lock": (carried or lock.to_json()).encode("utf-8"),
+                  "install.sh": text.encode("utf-8"), "smoke.py": _smoke()})
+    return dict(sorted(files.items()))
 
 
-def render_cloud_init(lock: Lock) -> dict[str, bytes]:
-    """``user-data``: the three files written to /opt/envbuild, then the script run once."""
-    files = render_script(lock)
+def _layer_order(name: str) -> tuple[bool, str]:
+    return (not name.endswith("/torch.txt"), name)  # torch first, then the project
+
+
+def render_cloud_init(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
+    """``user-data``: the script's files written to /opt/envbuild, then the script run once."""
+    files = render_script(lock, carried)
     embedded = [(f"{PREFIX}/{name}", "0755" if name == "install.sh" else "0644",
                  base64.b64encode(files[name]).decode("ascii"))
-                for name in ("install.sh", "smoke.py", "envbuild.lock")]
+                for name in ("install.sh", "smoke.py", "envbuild.lock",
+                             *sorted(n for n in files if n.startswith("requirements/")))]
     s = lock.stack
     text = environment().get_template("user-data.j2").render(
         torch=s.torch, variant=s.variant, python=s.python, ubuntu=s.ubuntu, files=embedded,

@@ -1,0 +1,235 @@
+"""The whole-environment lock on a real engine and a real registry: a sample project →
+``init`` → ``lock`` (uv, the base image's digest from a loopback registry) → ``build`` →
+the image's installed set equal to the pylock → ``verify --cpu-ok``; one requirement added →
+``lock --check`` says stale → re-lock → the rebuild reuses the torch layer; two no-cache builds
+of one lock give the same files.
+
+torch 2.13.0+cpu comes from the ``$PIP_FIND_LINKS`` wheelhouse, served on 127.0.0.1 as the
+variant's index (PyTorch's own index is not reachable here); the project's small dependencies
+come from the configured package index through the proxy whose CA ``--ca-bundle`` trusts.
+Needs dockerd, docker-registry and the index (see DEVELOPERS.md); CI runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild.engine.daemon import connect
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+TAG = "envbuild-test/locked:1"
+DEPENDENCIES = ["six>=1.16", "idna>=3.7"]
+ADDED = "attrs>=23.1"
+# What the venv has before envbuild installs anything (ensurepip, Python 3.11): not the lock's.
+BOOTSTRAP = {"pip", "setuptools"}
+
+
+def envbuild(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "envbuild", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    try:
+        return connect(os.environ)
+    except Exception as exc:  # any failure to reach a daemon means: not this machine
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail(f"ENVBUILD_REQUIRE_DOCKER is set but no Docker engine answers: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    directory = Path(os.environ.get("PIP_FIND_LINKS", "/nonexistent"))
+    if not (directory / TORCH_WHEEL).is_file():
+        pytest.skip(f"no {TORCH_WHEEL} in $PIP_FIND_LINKS")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def pushed_base(client: Any, loopback_registry: str) -> str:
+    """The debootstrap base, pushed to the loopback registry: lock must find its digest there."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "base-image.sh")], capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    local = done.stdout.strip().splitlines()[-1]
+    repository = f"{loopback_registry}/envbuild/bookworm"
+    client.tag(local, repository, "base")
+    for line in client.push(repository, "base", stream=True, decode=True):
+        assert "error" not in line, line
+    return f"{repository}:base"
+
+
+@pytest.fixture(scope="module")
+def torch_index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PEP 503 index of one file on 127.0.0.1, standing in for PyTorch's cpu index."""
+    root = tmp_path_factory.mktemp("torch-index")
+    (root / "files").mkdir()
+    (root / "files" / TORCH_WHEEL).symlink_to(wheelhouse / TORCH_WHEEL)
+    digest = hashlib.sha256((wheelhouse / TORCH_WHEEL).read_bytes()).hexdigest()
+    page = root / "simple" / "torch"
+    page.mkdir(parents=True)
+    quoted = TORCH_WHEEL.replace("+", "%2B")
+    page.joinpath("index.html").write_text(
+        f'<html><body><a href="../../files/{quoted}#sha256={digest}">{TORCH_WHEEL}</a></body></html>\n')
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, torch_index: str) -> Path:
+    """A sample project: a pyproject with two small dependencies, its [tool.envbuild] block
+    written by ``envbuild init --print`` plus the keys this machine needs."""
+    directory = tmp_path_factory.mktemp("sample")
+    done = envbuild("init", "--print", "--torch", "==2.13.0", "--variant", "cpu", "--python", "3.11",
+                    cwd=directory)
+    assert done.returncode == 0, done.stderr
+    block = done.stdout
+    assert "[tool.envbuild]" in block
+    extra = (f'base-image = "{pushed_base}"\n'
+             f'torch-index-url = "{torch_index}"\n'
+             "companions = false\n")
+    block = block.replace("[tool.envbuild]\n", "[tool.envbuild]\n" + extra, 1)
+    deps = ", ".join(f'"{d}"' for d in DEPENDENCIES)
+    (directory / "pyproject.toml").write_text(
+        f'[project]\nname = "sample"\nversion = "0.1"\nrequires-python = ">=3.11"\n'
+        f"dependencies = [{deps}]\n\n{block}")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def locked(project: Path) -> dict[str, Any]:
+    done = envbuild("lock", cwd=project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((project / "envbuild.lock").read_text())
+
+
+def installed(client: Any, image: str) -> dict[str, str]:
+    """{canonical name: version} of every distribution in the image's venv."""
+    code = ("import json, re; from importlib import metadata; print(json.dumps({re.sub(r'[-_.]+', '-', "
+            "d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
+    out = _run(image, code)
+    return dict(json.loads(out))
+
+
+def _run(image: str, code: str) -> bytes:
+    return subprocess.run(["docker", "run", "--rm", "--network", "none", image, "/opt/venv/bin/python",
+                           "-c", code], capture_output=True, check=True, timeout=300).stdout
+
+
+def site_files(image: str) -> dict[str, str]:
+    """sha256 of every file under the venv's site-packages."""
+    code = ("import hashlib, json, os, sysconfig; root = sysconfig.get_paths()['purelib']; "
+            "print(json.dumps({os.path.relpath(os.path.join(d, f), root): "
+            "hashlib.sha256(open(os.path.join(d, f), 'rb').read()).hexdigest() "
+            "for d, _, fs in os.walk(root) for f in fs}))")
+    return dict(json.loads(_run(image, code)))
+
+
+def build(project: Path, tag: str, *extra: str) -> dict[str, Any]:
+    args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag,
+            "--report", "report.json", *extra]
+    cert = os.environ.get("PIP_CERT")
+    if cert:  # TLS here goes through an inspecting proxy whose CA the build must trust
+        args += ["--ca-bundle", cert]
+    done = envbuild(*args, cwd=project)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return dict(json.loads((project / "report.json").read_text()))
+
+
+def test_lock_pins_the_closure_and_the_base_by_digest(project: Path, locked: dict[str, Any],
+                                                      pushed_base: str) -> None:
+    assert locked["schema"] == 2 and list(locked["targets"]) == ["default"]
+    assert locked["project"]["file"] == "pyproject.toml"
+    target = locked["targets"]["default"]
+    packages = target["packages"]
+    assert packages["torch"] == "2.13.0+cpu"
+    assert {"six", "idna", "filelock", "sympy"} <= set(packages)  # the user's and torch's own
+    assert target["base_image"].startswith(pushed_base + "@sha256:")
+    digest = target["base_digest"]
+    inspected = subprocess.run(["docker", "image", "inspect", pushed_base, "--format",
+                                "{{json .RepoDigests}}"], capture_output=True, text=True, check=True)
+    assert digest in inspected.stdout  # the registry's digest is what the push reported
+    pylock = (project / target["pylock"]["file"]).read_text()
+    assert hashlib.sha256(pylock.encode()).hexdigest() == target["pylock"]["sha256"]
+    assert "torch" in target["pylock"]["torch_layer"] and "six" not in target["pylock"]["torch_layer"]
+    # The same inputs give the same bytes, and --check agrees.
+    before = {p.name: p.read_bytes() for p in project.iterdir() if p.suffix in (".lock", ".toml")}
+    again = envbuild("lock", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_bytes() for p in project.iterdir() if p.suffix in (".lock", ".toml")} == before
+    check = envbuild("lock", "--check", cwd=project)
+    assert check.returncode == 0, check.stderr
+
+
+def test_the_image_holds_exactly_the_lock_and_verifies(client: Any, project: Path,
+                                                       locked: dict[str, Any]) -> None:
+    build(project, TAG)
+    packages = locked["targets"]["default"]["packages"]
+    found = installed(client, TAG)
+    assert {k: v for k, v in found.items() if k not in BOOTSTRAP or k in packages} == packages
+    done = envbuild("verify", TAG, "--cpu-ok", "--json", cwd=project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["lock"]["status"] == "pass"
+
+
+def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: Any, project: Path,
+                                                                       locked: dict[str, Any]) -> None:
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text.replace(f'"{DEPENDENCIES[-1]}"]', f'"{DEPENDENCIES[-1]}", "{ADDED}"]', 1))
+    try:
+        stale = envbuild("lock", "--check", cwd=project)
+        assert stale.returncode == 11 and "stale" in stale.stderr, stale.stderr
+        done = envbuild("lock", cwd=project)
+        assert done.returncode == 0, done.stderr[-3000:]
+        relocked = json.loads((project / "envbuild.lock").read_text())["targets"]["default"]
+        assert "attrs" in relocked["packages"]
+        assert relocked["pylock"]["torch_layer"] == locked["targets"]["default"]["pylock"]["torch_layer"]
+        report = build(project, "envbuild-test/locked:2")
+        ran = " ".join(report["ran"])
+        assert "torch.txt" not in ran, report["ran"]  # the torch layer came from the cache
+        assert "project.txt" in ran, report["ran"]
+        assert "attrs" in installed(client, "envbuild-test/locked:2")
+    finally:
+        pyproject.write_text(text)
+        assert envbuild("lock", cwd=project).returncode == 0
+
+
+def test_two_no_cache_builds_give_the_same_files(client: Any, project: Path,
+                                                  locked: dict[str, Any]) -> None:
+    build(project, "envbuild-test/locked:a", "--no-cache")
+    build(project, "envbuild-test/locked:b", "--no-cache")
+    a, b = site_files("envbuild-test/locked:a"), site_files("envbuild-test/locked:b")
+    differing = sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
+    assert differing == [], differing[:20]
