@@ -1,0 +1,8 @@
+"""The user's project file: ``envbuild.toml`` or ``[tool.envbuild]`` in pyproject.toml.
+
+``model.py`` holds the values (``Target``, ``Project``), ``toml.py`` the TOML reader and the
+line locator every error message uses, ``config.py`` discovery and validation
+(``load_project``), ``requirements.py`` the user's dependencies (pyproject dependencies,
+extras, dependency groups, requirements files) and ``init.py`` the text ``envbuild init``
+writes. Pure library code: no argparse, no printing.
+"""

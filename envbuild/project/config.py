@@ -1,0 +1,435 @@
+"""Find, read and validate the project file: ``load_project``.
+
+Discovery in the working directory: an explicit path, else ``envbuild.toml``, else
+``pyproject.toml`` holding ``[tool.envbuild]``. The keys (kebab-case) are the same in
+both, at the top level of envbuild.toml or under ``[tool.envbuild]``; targets are
+``[[targets]]`` / ``[[tool.envbuild.targets]]``. Every problem is a UsageError (exit 2)
+naming ``FILE:LINE: KEY``. Values are checked by the validators the command-line options
+use, so a file accepts exactly what the flags accept.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from envbuild.errors import UsageError
+from envbuild.project import requirements as reqs
+from envbuild.project.model import Project, Target
+from envbuild.project.toml import KeyPath, dotted, line_of, parse
+
+PROJECT_FILE = "envbuild.toml"
+PYPROJECT = "pyproject.toml"
+TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+DEFAULT_TARGET = "default"
+
+TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter")
+STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
+DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
+IMAGE_KEYS = ("apt-packages", "env", "user", "base-image", "index-url", "torch-index-url",
+              "find-links", "registry-mirrors")
+TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
+            *IMAGE_KEYS)
+_GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
+
+
+# --- value checks: one per key, the same the command-line options get -----------------------
+
+
+def _check_driver(text: str) -> str:
+    from envbuild.data.versions import DriverVersion
+
+    DriverVersion.parse(text)
+    return text
+
+
+def _check_gpu(text: str) -> str:
+    if not (0 < len(text) <= 80 and _GPU_NAME_CHARS.issuperset(text)):
+        raise UsageError(f"invalid GPU name {text!r}", hint="letters, digits, spaces and . _ - ( ) / only")
+    return text
+
+
+def _check_arch(text: str) -> str:
+    from envbuild.data.gpus import target_from_arch
+
+    target_from_arch(text, datacenter=None)
+    return text
+
+
+def _spec(kind: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        from envbuild.data.versions import parse_requirement
+
+        parse_requirement(kind, text)
+        return text
+    return check
+
+
+def _check_python(text: str) -> str:
+    from envbuild.smoke.rules import is_python_version
+
+    if not (text.endswith("t") and is_python_version(text)):
+        _spec("python")(text)
+    return text
+
+
+def _check_ubuntu(text: str) -> str:
+    if not re.fullmatch(r"[0-9]{2}\.[0-9]{2}", text):
+        raise UsageError(f"invalid Ubuntu release {text!r}", hint="write it as 22.04 or 24.04")
+    return text
+
+
+def _check_variant(text: str) -> str:
+    from envbuild.smoke.rules import is_variant_selector
+
+    if not is_variant_selector(text):
+        raise UsageError(f"invalid wheel variant {text!r}", hint="write it as cu124, cpu or default")
+    return text
+
+
+def _check_flavor(text: str) -> str:
+    if text not in ("runtime", "devel"):
+        raise UsageError(f"invalid flavor {text!r}", hint="runtime or devel")
+    return text
+
+
+def _lock_check(name: str, key: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        from envbuild.render import lock
+
+        checked: str = getattr(lock, name)(text, key)
+        return checked
+    return check
+
+
+def _check_target_name(text: str) -> str:
+    if not TARGET_NAME_RE.fullmatch(text):
+        raise UsageError(f"invalid target name {text!r}",
+                         hint="1 to 32 of a-z 0-9 _ -, starting with a letter or digit")
+    return text
+
+
+def _check_mirror_host(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?", text):
+        raise UsageError(f"invalid registry host {text!r}", hint="a registry host name, e.g. docker.io")
+    return text
+
+
+# The check of each string-valued key (and of each element of the array-valued ones).
+CHECKS: dict[str, Callable[[str], str]] = {
+    "name": _check_target_name, "driver": _check_driver, "gpus": _check_gpu, "archs": _check_arch,
+    "torch": _spec("torch"), "python": _check_python, "cuda": _spec("cuda"),
+    "cudnn": _spec("cudnn"), "ubuntu": _check_ubuntu, "variant": _check_variant,
+    "flavor": _check_flavor, "apt-packages": _lock_check("check_debian_package", "apt-packages"),
+    "user": _lock_check("check_user_name", "user"),
+    "base-image": _lock_check("check_image_reference", "base-image"),
+    "index-url": _lock_check("check_url", "index-url"),
+    "torch-index-url": _lock_check("check_url", "torch-index-url"),
+}
+
+
+def check_value(key: str, value: str) -> str:
+    """``value`` checked as the key ``key`` takes it (UsageError when it is not)."""
+    check = CHECKS.get(key)
+    return check(value) if check else value
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+class _Reader:
+    """One project file's text and table: typed reads that fail as FILE:LINE: KEY."""
+
+    def __init__(self, text: str, shown: str, prefix: tuple[str, ...], table: Mapping[str, Any]):
+        self.text, self.shown, self.prefix, self.table = text, shown, prefix, table
+
+    def where(self, path: KeyPath, *, absolute: bool = False) -> str:
+        full = list(path) if absolute else [*self.prefix, *path]
+        return f"{self.shown}:{line_of(self.text, full)}: {dotted(full)}"
+
+    def fail(self, path: KeyPath, problem: str, hint: str = "") -> UsageError:
+        return UsageError(f"{self.where(path)}: {problem}", hint=hint)
+
+    def checked(self, path: KeyPath, key: str, value: str) -> str:
+        try:
+            return check_value(key, value)
+        except UsageError as exc:
+            raise self.fail(path, exc.message, exc.hint) from None
+
+    def unknown_keys(self, table: Mapping[str, Any], known: Sequence[str], path: KeyPath) -> None:
+        for key in table:
+            if key not in known:
+                close = difflib.get_close_matches(key.replace("_", "-"), known, n=1, cutoff=0.6)
+                raise self.fail([*path, key], "unknown key",
+                                f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}")
+
+    def string(self, table: Mapping[str, Any], key: str, path: KeyPath) -> str | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            hint = f'quote it: {key} = "{value}"' if isinstance(value, (int, float)) else ""
+            raise self.fail([*path, key], "expected a string", hint)
+        return self.checked([*path, key], key, value)
+
+    def boolean(self, table: Mapping[str, Any], key: str, path: KeyPath, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail([*path, key], "expected true or false")
+        return value
+
+    def strings(self, table: Mapping[str, Any], key: str, path: KeyPath) -> tuple[str, ...]:
+        value = table.get(key, [])
+        if isinstance(value, str):
+            raise self.fail([*path, key], "expected an array of strings", f'write {key} = ["{value}"]')
+        if not isinstance(value, list):
+            raise self.fail([*path, key], "expected an array of strings")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.fail([*path, key, i], "expected a string")
+            self.checked([*path, key, i], key, item)
+        return tuple(value)
+
+    def string_table(self, key: str) -> dict[str, str]:
+        value = self.table.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail([key], "expected a table of strings")
+        for name, item in value.items():
+            if not isinstance(item, str):
+                raise self.fail([key, name], "expected a string")
+        return dict(value)
+
+    def target(self, table: Any, path: KeyPath, name: str | None) -> Target:
+        if not isinstance(table, dict):
+            raise self.fail(path, "expected a table")
+        if name is None:
+            self.unknown_keys(table, TARGET_KEYS, path)
+            name = self.string(table, "name", path)
+            if name is None:
+                raise self.fail(path, "a target needs a name", 'add name = "..." to it')
+        return Target(name=name, driver=self.string(table, "driver", path),
+                      gpus=self.strings(table, "gpus", path), archs=self.strings(table, "archs", path),
+                      datacenter=self.boolean(table, "datacenter", path, False))
+
+
+def shown_path(path: Path, cwd: Path) -> str:
+    """``path`` as the user knows it: relative to the working directory when under it."""
+    try:
+        return str(path.relative_to(cwd))
+    except ValueError:
+        return str(path)
+
+
+def _read_text(path: Path, shown: str) -> tuple[bytes, str]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"project file {shown} does not exist",
+                         hint="check the path, or run 'envbuild init' to write one") from None
+    except IsADirectoryError:
+        raise UsageError(f"project file {shown} is a directory", hint="name the file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read project file {shown}: {exc.strerror}") from None
+    try:
+        return data, data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{shown}:1: not UTF-8 text") from None
+
+
+def find_project_file(path: Path | None, cwd: Path) -> Path:
+    """The project file to read: ``path``, else envbuild.toml, else pyproject.toml with
+    [tool.envbuild]; neither is a UsageError."""
+    if path is not None:
+        return path if path.is_absolute() else cwd / path
+    own = cwd / PROJECT_FILE
+    if own.exists():
+        return own
+    pyproject = cwd / PYPROJECT
+    if pyproject.is_file():
+        _, text = _read_text(pyproject, PYPROJECT)
+        tool = parse(text, PYPROJECT).get("tool")
+        if isinstance(tool, dict) and "envbuild" in tool:
+            return pyproject
+        raise UsageError(f"no project file: no {PROJECT_FILE} here and {PYPROJECT} has no "
+                         "[tool.envbuild] table", hint="run 'envbuild init' (or add the table)")
+    raise UsageError(f"no project file: neither {PROJECT_FILE} nor {PYPROJECT} in {cwd}",
+                     hint="run 'envbuild init' to write one")
+
+
+def load_project(path: Path | None, cwd: Path) -> Project:
+    """The project file (found as ``find_project_file`` finds it), read and validated,
+    with every dependency gathered."""
+    cwd = Path(os.path.abspath(cwd))
+    found = Path(os.path.abspath(find_project_file(path, cwd)))
+    shown = shown_path(found, cwd)
+    data, text = _read_text(found, shown)
+    return project_from_text(text, found, shown=shown, data=data, cwd=cwd)
+
+
+def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None = None,
+                      cwd: Path | None = None) -> Project:
+    """The project ``text`` describes as if it were the file ``path`` (pyproject form
+    when the name is pyproject.toml); ``shown`` names it in errors."""
+    cwd = cwd or path.parent
+    document = parse(text, shown)
+    is_pyproject = path.name == PYPROJECT
+    if is_pyproject:
+        tool = document.get("tool", {})
+        table = tool.get("envbuild") if isinstance(tool, dict) else None
+        if table is None:
+            raise UsageError(f"{shown}: no [tool.envbuild] table",
+                             hint="add one (envbuild init --print writes it)")
+        prefix: tuple[str, ...] = ("tool", "envbuild")
+    else:
+        table, prefix = document, ()
+    reader = _Reader(text, shown, prefix, {} if not isinstance(table, dict) else table)
+    if not isinstance(table, dict):
+        raise reader.fail([], "expected a table")
+    known = tuple(k for k in TOP_KEYS if not (is_pyproject and k == "pyproject"))
+    reader.unknown_keys(table, known, [])
+    root = path.parent
+    sources: list[tuple[Path, bytes]] = [(path, data if data is not None else text.encode())]
+    targets = _targets(reader, table)
+    gathered = _dependencies(reader, table, document if is_pyproject else None, root, cwd, sources)
+    dependencies, torch_constraints = gathered.split()
+    env = reader.string_table("env")
+    env_pairs = []
+    for key, value in env.items():
+        try:
+            from envbuild.render.lock import check_env_pair
+
+            env_pairs.append(check_env_pair(f"{key}={value}", "env"))
+        except UsageError as exc:
+            raise reader.fail(["env", key], exc.message, exc.hint) from None
+    mirrors = reader.string_table("registry-mirrors")
+    for host, url in mirrors.items():
+        try:
+            _check_mirror_host(host)
+            from envbuild.render.lock import check_url
+
+            check_url(url, "registry-mirrors")
+        except UsageError as exc:
+            raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
+    find_links = _find_links(reader, table, root)
+    files = sorted({(_relative(p, root), d) for p, d in sources})
+    return Project(
+        path=path, root=root, targets=targets,
+        torch=reader.string(table, "torch", []), python=reader.string(table, "python", []),
+        cuda=reader.string(table, "cuda", []), cudnn=reader.string(table, "cudnn", []),
+        ubuntu=reader.string(table, "ubuntu", []), variant=reader.string(table, "variant", []),
+        flavor=reader.string(table, "flavor", []) or "runtime",
+        companions=reader.boolean(table, "companions", [], True),
+        dependencies=dependencies, torch_constraints=torch_constraints,
+        apt_packages=reader.strings(table, "apt-packages", []), env=tuple(env_pairs),
+        user=reader.string(table, "user", []) or "envbuild",
+        base_image=reader.string(table, "base-image", []),
+        index_url=reader.string(table, "index-url", []),
+        torch_index_url=reader.string(table, "torch-index-url", []),
+        find_links=find_links, registry_mirrors=dict(sorted(mirrors.items())),
+        inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
+    )
+
+
+def _relative(path: Path, root: Path) -> str:
+    return os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+
+
+def inputs_digest(files: Sequence[tuple[str, bytes]]) -> str:
+    """sha256 over each (relative path, bytes), in the order given, each length-prefixed."""
+    digest = hashlib.sha256()
+    for name, data in files:
+        encoded = name.encode("utf-8")
+        digest.update(len(encoded).to_bytes(8, "big") + encoded)
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
+
+
+def _targets(reader: _Reader, table: Mapping[str, Any]) -> tuple[Target, ...]:
+    raw = table.get("targets")
+    if raw is None:
+        return (reader.target(table, [], DEFAULT_TARGET),)
+    if not isinstance(raw, list) or not raw:
+        raise reader.fail(["targets"], "expected one or more [[targets]] tables")
+    for key in ("driver", "gpus", "archs", "datacenter"):
+        if key in table:
+            raise reader.fail([key], "cannot be combined with targets",
+                              "set it in each [[targets]] table instead")
+    targets = [reader.target(item, ["targets", i], None) for i, item in enumerate(raw)]
+    seen: set[str] = set()
+    for i, target in enumerate(targets):
+        if target.name in seen:
+            raise reader.fail(["targets", i, "name"], f"duplicate target name {target.name!r}")
+        seen.add(target.name)
+    return tuple(targets)
+
+
+def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[str, Any] | None,
+                  root: Path, cwd: Path, sources: list[tuple[Path, bytes]]) -> reqs.Gathered:
+    """Every requirement the file asks for: its pyproject's (this document, or the file
+    ``pyproject`` names), the requirements files, and ``dependencies``."""
+    gathered = reqs.Gathered()
+    extras = reader.strings(table, "extras", [])
+    groups = reader.strings(table, "groups", [])
+    pyproject_name = reader.string(table, "pyproject", [])
+    pyproject: tuple[Mapping[str, Any], Callable[[KeyPath], str]] | None = None
+    if document is not None:
+        pyproject = (document, lambda p: reader.where(p, absolute=True))
+    elif pyproject_name is not None:
+        other = root / pyproject_name
+        other_shown = shown_path(other, cwd)
+        try:
+            data = other.read_bytes()
+        except OSError:
+            raise reader.fail(["pyproject"], f"{other_shown} cannot be read (missing?)") from None
+        sources.append((other, data))
+        try:
+            other_text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{other_shown}:1: not UTF-8 text") from None
+        other_reader = _Reader(other_text, other_shown, (), {})
+        pyproject = (parse(other_text, other_shown), lambda p: other_reader.where(p, absolute=True))
+    if pyproject is None and (extras or groups):
+        raise reader.fail(["extras" if extras else "groups"], "needs a pyproject.toml",
+                          'name it: pyproject = "pyproject.toml"')
+    if pyproject is not None:
+        doc, where = pyproject
+        project = doc.get("project", {})
+        if not isinstance(project, dict):
+            raise UsageError(f"{where(['project'])}: expected a table")
+        gathered.requirements += reqs.project_dependencies(project, extras, reader.where(["extras"]),
+                                                           where)
+        gathered.requirements += reqs.dependency_groups(doc, groups, reader.where(["groups"]), where)
+    seen: set[Path] = set()
+    for i, name in enumerate(reader.strings(table, "requirements", [])):
+        reqs.read_requirements_file(root / name, lambda p: shown_path(p, cwd), gathered, seen,
+                                    reader.where(["requirements", i]))
+    sources += gathered.files
+    for i, text in enumerate(reader.strings(table, "dependencies", [])):
+        here = reader.where(["dependencies", i])
+        gathered.requirements.append((reqs.check_requirement(text, here), here))
+    return gathered
+
+
+def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[str, ...]:
+    """URLs as written; local directories made absolute (relative to the project file)."""
+    links = []
+    for i, link in enumerate(reader.strings(table, "find-links", [])):
+        if "://" in link:
+            try:
+                from envbuild.render.lock import check_url
+
+                links.append(check_url(link, "find-links"))
+            except UsageError as exc:
+                raise reader.fail(["find-links", i], exc.message, exc.hint) from None
+            continue
+        directory = root / link
+        if not directory.is_dir():
+            raise reader.fail(["find-links", i], f"{link} is not a directory",
+                              "an http(s) URL or a directory of wheels, relative to the project file")
+        links.append(os.path.abspath(directory))
+    return tuple(links)

@@ -1,0 +1,55 @@
+"""The project file's values, validated: what ``load_project`` returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kind of machine the environment is locked for (a node type of a GPU cloud)."""
+
+    name: str
+    driver: str | None = None
+    gpus: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+    datacenter: bool = False
+
+
+@dataclass(frozen=True)
+class Project:
+    """A loaded project file. Paths in ``sources`` are relative to ``root`` (the project
+    file's directory); ``inputs_digest`` is the sha256 over every file read."""
+
+    path: Path
+    root: Path
+    targets: tuple[Target, ...]
+    torch: str | None = None
+    python: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    ubuntu: str | None = None
+    variant: str | None = None
+    flavor: str = "runtime"
+    companions: bool = True
+    dependencies: tuple[str, ...] = ()
+    torch_constraints: tuple[str, ...] = ()
+    apt_packages: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    user: str = "envbuild"
+    base_image: str | None = None
+    index_url: str | None = None
+    torch_index_url: str | None = None
+    find_links: tuple[str, ...] = ()
+    registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
+    inputs_digest: str = ""
+    sources: tuple[str, ...] = ()
+
+    def target(self, name: str) -> Target:
+        """The target called ``name``; KeyError when there is none."""
+        for target in self.targets:
+            if target.name == name:
+                return target
+        raise KeyError(name)

@@ -1,0 +1,236 @@
+"""The user's Python dependencies, gathered from every place a project keeps them.
+
+Sources: ``[project.dependencies]`` of a pyproject.toml, its chosen extras
+(``[project.optional-dependencies]``) and dependency groups (PEP 735
+``[dependency-groups]``, ``{include-group = ...}`` followed), requirements files (``-r``
+includes relative to the including file, each file read once), and extra PEP 508 strings
+from the project file. Every requirement must name a package on an index: editable
+installs, local paths, VCS and other direct URLs, and pip options other than ``-r`` are
+refused, naming the file and line. torch, torchvision and torchaudio are set aside as
+constraints on the stack rather than dependencies.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import UsageError
+
+TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
+VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
+_COMMENT_RE = re.compile(r"(^|\s+)#.*$")
+_HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
+
+# Where a problem is: "FILE:LINE: KEY" (the caller's words for the place).
+Where = str
+
+
+def usage(where: Where, problem: str, hint: str = "") -> UsageError:
+    return UsageError(f"{where}: {problem}", hint=hint)
+
+
+@dataclass
+class Gathered:
+    """Requirement strings as written, with where each came from, and the files read."""
+
+    requirements: list[tuple[str, Where]] = field(default_factory=list)
+    files: list[tuple[Path, bytes]] = field(default_factory=list)
+
+    def split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(dependencies, torch constraints): exact duplicates dropped, each sorted."""
+        deps: set[str] = set()
+        torch: set[str] = set()
+        for text, _ in self.requirements:
+            name = canonicalize_name(Requirement(text).name)
+            (torch if name in TORCH_NAMES else deps).add(text)
+        return tuple(sorted(deps)), tuple(sorted(torch))
+
+
+def check_requirement(text: str, where: Where) -> str:
+    """``text`` as a PEP 508 requirement on a package index, stripped; else UsageError."""
+    text = text.strip()
+    if not text:
+        raise usage(where, "empty requirement")
+    if text.startswith(("-e", "--editable")):
+        raise usage(where, f"editable requirement {text!r} is not allowed", _HINT_INDEX)
+    lowered = text.lower()
+    if lowered.startswith(VCS_SCHEMES):
+        raise usage(where, f"VCS requirement {text!r} is not allowed", _HINT_INDEX)
+    if lowered.startswith("file:") or text.startswith((".", "/", "~")):
+        raise usage(where, f"local path requirement {text!r} is not allowed", _HINT_INDEX)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise usage(where, f"direct URL requirement {text!r} is not allowed", _HINT_INDEX)
+    if "@" not in text and lowered.endswith((".whl", ".tar.gz", ".zip")):
+        raise usage(where, f"local path requirement {text!r} is not allowed", _HINT_INDEX)
+    if text.startswith("-"):
+        option = text.split()[0].split("=")[0]
+        raise usage(where, f"pip option {option} is not allowed here",
+                    "put indexes and find-links in the project file (index-url, find-links)")
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        flag = re.search(r"\s(--?[A-Za-z][\w-]*)", text)
+        if flag:  # a per-requirement option (--hash, --config-settings …)
+            raise usage(where, f"pip option {flag.group(1)} is not allowed here",
+                        "envbuild pins hashes itself, in the lock") from None
+        raise usage(where, f"invalid requirement {text!r}: {exc}",
+                    "write a PEP 508 requirement, e.g. requests>=2.31") from None
+    if requirement.url is not None:
+        url = requirement.url.lower()
+        kind = ("VCS" if url.startswith(VCS_SCHEMES) else
+                "local path" if url.startswith("file:") else "direct URL")
+        raise usage(where, f"{kind} requirement {text!r} is not allowed", _HINT_INDEX)
+    return text
+
+
+# --- requirements files -------------------------------------------------------------------
+
+
+def logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    """(first line number, line) with comments removed and ``\\``-continuations joined."""
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not pending:
+            start = number
+        line = _COMMENT_RE.sub("", raw).strip()
+        if line.endswith("\\"):
+            pending.append(line[:-1].strip())
+            continue
+        # the pieces of a continued line are joined by one space
+        joined = " ".join(p for p in (*pending, line) if p)
+        pending = []
+        if joined:
+            yield start, joined
+    if any(pending):
+        yield start, " ".join(p for p in pending if p)
+
+
+def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gathered,
+                           seen: set[Path], where: Where) -> None:
+    """Add ``path``'s requirements (and its ``-r`` includes) to ``out``; ``where`` names
+    the line that asked for the file, for a missing one. A file already read is skipped,
+    so include cycles end."""
+    real = path.resolve()
+    if real in seen:
+        return
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise usage(where, f"requirements file {shown(path)} does not exist",
+                    "check the path (relative to the file naming it)") from None
+    except IsADirectoryError:
+        raise usage(where, f"requirements file {shown(path)} is a directory") from None
+    except OSError as exc:
+        raise usage(where, f"cannot read requirements file {shown(path)}: {exc.strerror}") from None
+    seen.add(real)
+    out.files.append((path, data))
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise usage(f"{shown(path)}:1", "not UTF-8 text") from None
+    for number, line in logical_lines(text):
+        here = f"{shown(path)}:{number}"
+        include = re.fullmatch(r"(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)", line)
+        if include:
+            read_requirements_file(path.parent / include.group(1), shown, out, seen, here)
+            continue
+        if line.startswith(("-r", "--requirement")):
+            raise usage(here, f"malformed include {line!r}", "write -r other.txt")
+        out.requirements.append((check_requirement(line, here), here))
+
+
+# --- pyproject.toml: dependencies, extras, groups -------------------------------------------
+
+
+def _strings(value: Any, where: Where) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise usage(where, "expected an array of strings")
+    return list(value)
+
+
+def _pick(name: str, table: Mapping[str, Any], where: Where, what: str) -> str:
+    """The key of ``table`` that ``name`` means (names compared normalized), else UsageError."""
+    wanted = canonicalize_name(name)
+    for key in table:
+        if canonicalize_name(key) == wanted:
+            return key
+    close = difflib.get_close_matches(name, list(table), n=1)
+    hint = f"did you mean {close[0]!r}?" if close else (
+        f"known: {', '.join(sorted(table))}" if table else f"the pyproject defines no {what}s")
+    raise usage(where, f"unknown {what} {name!r}", hint)
+
+
+def project_dependencies(project: Mapping[str, Any], extras: Sequence[str], asked: Where,
+                         where: Callable[[Sequence[str | int]], Where]) -> list[tuple[str, Where]]:
+    """``[project.dependencies]`` and the chosen extras (a self-reference such as
+    ``name[a,b]`` inside an extra pulls those extras in); ``where(path)`` names a place."""
+    if "dependencies" in project.get("dynamic", ()):
+        raise usage(where(["project", "dynamic"]), "dynamic dependencies cannot be read",
+                    "list them in [project.dependencies], or use a requirements file")
+    found = [(check_requirement(t, where(["project", "dependencies"])), where(["project", "dependencies"]))
+             for t in _strings(project.get("dependencies", []), where(["project", "dependencies"]))]
+    optional = project.get("optional-dependencies", {})
+    if not isinstance(optional, dict):
+        raise usage(where(["project", "optional-dependencies"]), "expected a table")
+    own = canonicalize_name(str(project.get("name", ""))) if project.get("name") else None
+    todo = list(extras)
+    done: set[str] = set()
+    while todo:
+        extra = _pick(todo.pop(0), optional, asked, "extra")
+        if extra in done:
+            continue
+        done.add(extra)
+        here = where(["project", "optional-dependencies", extra])
+        for text in _strings(optional[extra], here):
+            text = check_requirement(text, here)
+            requirement = Requirement(text)
+            if own is not None and canonicalize_name(requirement.name) == own:
+                todo.extend(sorted(requirement.extras))
+            else:
+                found.append((text, here))
+    return found
+
+
+def dependency_groups(document: Mapping[str, Any], groups: Sequence[str], asked: Where,
+                      where: Callable[[Sequence[str | int]], Where]) -> list[tuple[str, Where]]:
+    """The requirements of the chosen PEP 735 groups, includes followed; a cycle is an error."""
+    table = document.get("dependency-groups", {})
+    if not isinstance(table, dict):
+        raise usage(where(["dependency-groups"]), "expected a table")
+    found: list[tuple[str, Where]] = []
+    done: set[str] = set()
+
+    def visit(name: str, chain: tuple[str, ...], by: Where) -> None:
+        key = _pick(name, table, by, "dependency group")
+        if key in chain:
+            raise usage(where(["dependency-groups", key]),
+                        f"dependency group cycle: {' -> '.join([*chain, key])}")
+        if key in done:
+            return
+        here = where(["dependency-groups", key])
+        entries = table[key]
+        if not isinstance(entries, list):
+            raise usage(here, "expected an array")
+        for entry in entries:
+            if isinstance(entry, str):
+                found.append((check_requirement(entry, here), here))
+            elif isinstance(entry, dict) and set(entry) == {"include-group"} and \
+                    isinstance(entry["include-group"], str):
+                visit(entry["include-group"], (*chain, key), here)
+            else:
+                raise usage(here, f"unexpected entry {entry!r}",
+                            "a requirement string or {include-group = \"name\"}")
+        done.add(key)
+
+    for group in groups:
+        visit(group, (), asked)
+    return found
