@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,8 +163,8 @@ def spec(index: Index, env: dict[str, str], **changes: Any) -> ClosureSpec:
 
 
 def test_closure_from_local_index(index: Index, uv_env: dict[str, str]) -> None:
-    """torch comes only from the torch index (docs/faults.md H29: the newer decoy torch on the
-    default index is never chosen), the rest from the default index, from metadata alone."""
+    """torch comes only from the torch index (the newer decoy torch on the default index is
+    never chosen), the rest from the default index, from metadata alone."""
     index.paths.clear()
     closure = compile_closure(spec(index, uv_env))
     assert closure.packages == {"filelock": "3.1.0", "idna": "3.1", "mpmath": "1.3.0",
@@ -201,6 +202,15 @@ def test_previous_pins_kept_unless_upgraded(index: Index, uv_env: dict[str, str]
     assert (every.packages["filelock"], every.packages["idna"]) == ("3.1.0", "3.1")
 
 
+def test_credentials_stay_out_of_the_pylock(index: Index, uv_env: dict[str, str]) -> None:
+    """An index URL with a user and token: the pylock records its files without them."""
+    closure = compile_closure(spec(index, uv_env, default_index=index.url("default").replace(
+        "http://", "http://someone:t0ken@"), torch_index=index.url("torch").replace(
+        "http://", "http://someone:t0ken@")))
+    assert closure.packages["torch"] == TORCH
+    assert "t0ken" not in closure.pylock_text and "someone" not in closure.pylock_text
+
+
 def test_stray_uv_settings_are_ignored(index: Index, uv_env: dict[str, str], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/faults.md H28: a UV_* variable or a uv.toml that would change the answer is ignored."""
@@ -233,8 +243,9 @@ def test_conflict_names_both_sides(index: Index, uv_env: dict[str, str]) -> None
 
 
 def test_stack_pin_missing_from_its_index(index: Index, uv_env: dict[str, str]) -> None:
-    """docs/faults.md H23: the variant's index lacks the stack's pin: exit 4, not a conflict."""
-    with pytest.raises(DataError, match=r"the stack's pins cannot be installed from their index: torch==9\.0"):
+    """docs/faults.md H29: the variant's index lacks the stack's pin: exit 4, not a conflict."""
+    missing = r"the stack's pins cannot be installed from their index: torch==9\.0"
+    with pytest.raises(DataError, match=missing):
         compile_closure(spec(index, uv_env, torch_pins={"torch": "9.0"}))
 
 
@@ -273,10 +284,16 @@ def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> 
     assert "s3cret" not in line and "\n" not in line
 
 
-def test_uv_timeout(index: Index, uv_env: dict[str, str]) -> None:
-    """docs/faults.md H24: uv runs past the time limit: exit 4."""
-    with pytest.raises(DataError, match="did not finish"):
-        compile_closure(spec(index, uv_env, timeout=0.001))
+def test_uv_timeout(index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/faults.md H24: uv runs past the time limit: exit 4, uv stopped."""
+    stalled = tmp_path / "uv"
+    stalled.write_text("#!/bin/sh\nexec sleep 30\n")
+    stalled.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"uv did not finish resolving the closure within 0\.5 s") as caught:
+        compile_closure(spec(index, uv_env, uv=str(stalled), timeout=0.5))
+    assert caught.value.exit_code == 4
+    assert time.monotonic() - start < 10
 
 
 # --------------------------------------------------------------------------- pylock files

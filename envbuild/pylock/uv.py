@@ -33,7 +33,8 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,6 +182,7 @@ def compile_closure(spec: ClosureSpec) -> Closure:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
         if spec.previous is not None:
+            read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
             (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
         command = _command(uv, spec, default_index, OUTPUT, hashes=True)
         if spec.upgrade:
@@ -190,17 +192,26 @@ def compile_closure(spec: ClosureSpec) -> Closure:
         _run(command, work, uv_env, deadline, spec)
         text = (work / OUTPUT).read_text(encoding="utf-8")
         pylock = read_pylock(text)
-        if not spec.offline:
-            pins = {canonicalize_name(n) for n in spec.torch_pins}
-            torch_index = spec.torch_index
-
-            def index_of(name: str) -> str:
-                return torch_index if torch_index is not None and name in pins else default_index
-
-            check_index_hashes(pylock, index_of, env=env,
-                               timeout=max(deadline - time.monotonic(), 1.0))
-        layer = _torch_layer(uv, spec, default_index, pylock.versions(), work, uv_env, deadline)
+        # The hash check (HTTP) and the torch-layer run (uv) are independent: run them together.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            checked = None if spec.offline else pool.submit(
+                check_index_hashes, pylock, _index_of(spec, default_index), env=env,
+                timeout=max(deadline - time.monotonic(), 1.0))
+            layer = _torch_layer(uv, spec, default_index, pylock.versions(), work, uv_env, deadline)
+            if checked is not None:
+                checked.result()
     return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer)
+
+
+def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
+    """Which index a package of the closure came from: the pinned ones from the torch index."""
+    pins = {canonicalize_name(n) for n in spec.torch_pins}
+    torch_index = spec.torch_index
+
+    def index_of(name: str) -> str:
+        return torch_index if torch_index is not None and name in pins else default_index
+
+    return index_of
 
 
 def _torch_layer(uv: str, spec: ClosureSpec, default_index: str, versions: dict[str, str],
