@@ -16,6 +16,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -264,7 +266,7 @@ def test_uv_missing_is_usage_error(index: Index, uv_env: dict[str, str], tmp_pat
     with pytest.raises(UsageError) as caught:
         compile_closure(spec(index, uv_env, uv=str(tmp_path / "no-uv")))
     assert caught.value.exit_code == 2 and "pip install uv" in caught.value.one_line()
-    monkeypatch.setitem(__import__("sys").modules, "uv", None)
+    monkeypatch.setitem(sys.modules, "uv", None)
     with pytest.raises(UsageError) as caught:
         compile_closure(spec(index, uv_env))
     assert "pip install uv" in caught.value.one_line()
@@ -349,6 +351,31 @@ def test_file_urls_rewritten_to_local_dir() -> None:
         install_requirements(pylock, ["torch"], python="3.11", glibc="2.35")
     assert install_requirements(pylock, ["idna"], python="3.11", glibc="2.35")  # not local: no need
     assert local_wheels(pylock) == [Path(f"/opt/wheels/{torch}")]
+
+
+def test_install_lines_are_what_pip_installs(tmp_path: Path) -> None:
+    """The lines work as the image uses them: pip --no-deps --no-index --require-hashes, with a
+    wheel rewritten into the wheelhouse; a wrong hash in the pylock makes pip refuse it."""
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    filename = "tinypkg-1.0-py3-none-any.whl"
+    data = tiny_wheel("tinypkg", "1.0")
+    (wheelhouse / filename).write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    for digest, ok in ((sha, True), (fake_sha256(filename), False)):
+        text = ('lock-version = "1.0"\n[[packages]]\nname = "tinypkg"\nversion = "1.0"\n'
+                f'wheels = [{{ url = "file:///elsewhere/{filename}", '
+                f'hashes = {{ sha256 = "{digest}" }} }}]\n')
+        requirements = tmp_path / "req.txt"
+        requirements.write_text(install_requirements(read_pylock(text), ["tinypkg"], python="3.11",
+                                                     glibc="2.35", local_dir=str(wheelhouse)))
+        target = tmp_path / f"site-{ok}"
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                               "--require-hashes", "--disable-pip-version-check", "--target",
+                               str(target), "-r", str(requirements)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert (done.returncode == 0) is ok, done.stderr
+        assert (target / "tinypkg-1.0.dist-info" / "METADATA").is_file() is ok
 
 
 @pytest.mark.parametrize(("text", "field"), [

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -159,6 +160,9 @@ def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, has
                "--no-header", "--no-annotate", "--only-binary", ":all:",
                "--python-platform", f"x86_64-manylinux_2_{glibc_minor(spec.glibc)}",
                "--python-version", f"3.{python_minor(spec.python)}",
+               # The interpreter running envbuild, whatever its version: uv builds nothing
+               # (wheels only), so it neither looks for nor downloads another one.
+               "--python", sys.executable,
                "--default-index", default_index, "-o", output]
     command += ["--format", "pylock.toml", "--generate-hashes"] if hashes else \
         ["--format", "requirements.txt"]
