@@ -213,6 +213,21 @@ def test_credentials_stay_out_of_the_pylock(index: Index, uv_env: dict[str, str]
     assert "t0ken" not in closure.pylock_text and "someone" not in closure.pylock_text
 
 
+def test_offline_uses_the_cache_only(index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:
+    """--offline: the same bytes from a warm uv cache; from an empty one, exit 4 saying why."""
+    online = compile_closure(spec(index, uv_env))
+    index.paths.clear()
+    offline = compile_closure(spec(index, uv_env, offline=True))
+    assert offline.pylock_text == online.pylock_text
+    assert offline.torch_layer == online.torch_layer
+    assert index.paths == []
+    empty = {**uv_env, "UV_CACHE_DIR": str(tmp_path / "empty")}
+    with pytest.raises(DataError, match="uv's cache cannot answer offline: Because torch was not found") \
+            as caught:
+        compile_closure(spec(index, empty, offline=True))
+    assert "--offline uses uv's cache only" in caught.value.one_line()
+
+
 def test_stray_uv_settings_are_ignored(index: Index, uv_env: dict[str, str], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/faults.md H28: a UV_* variable or a uv.toml that would change the answer is ignored."""

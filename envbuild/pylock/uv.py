@@ -16,6 +16,9 @@ configuration; pip's extra indexes are not read, envbuild's pipconfig exposes no
 find-links. ``--no-config`` and a scrubbed environment (no UV_* variable that changes an
 answer) keep a stray uv.toml or shell setting out: the same inputs give the same bytes.
 
+``offline``: uv answers from its cache alone, and the check that the index gave every file's
+sha256 (:mod:`envbuild.pylock.hashes`) is skipped: it was made when the cache was filled.
+
 A second, hash-free run of the pinned packages alone, constrained to the first result, names
 the torch layer: the packages the image installs before the user's.
 
@@ -268,6 +271,10 @@ def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
     """The error for a failed uv run: a conflict (NoCompatibleStack naming both sides) or a
     one-line DataError with uv's first error line and last cause."""
     lines = [redact(" ".join(line.split())) for line in stderr.splitlines() if line.strip()]
+    if spec.offline and any("not found in the cache" in line for line in lines):
+        missing = next(line for line in lines if "not found in the cache" in line)
+        return DataError(f"uv's cache cannot answer offline: {missing.removeprefix('cause:').strip()}",
+                         hint="--offline uses uv's cache only: lock once with the network to fill it")
     if any("No solution found" in line for line in lines):
         return _conflict(lines, spec)
     errors = [line for line in lines if line.startswith("error:")]
