@@ -301,6 +301,17 @@ def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> 
     assert "s3cret" not in line and "\n" not in line
 
 
+@pytest.mark.parametrize("requirement", ["requests>=", "pkg @ https://x.invalid/pkg-1.0-py3-none-any.whl",
+                                         "pkg @ git+https://x.invalid/pkg.git"])
+def test_bad_requirement_is_usage_error(index: Index, uv_env: dict[str, str], requirement: str) -> None:
+    """An unparsable or direct-URL requirement: exit 2 before uv runs."""
+    index.paths.clear()
+    with pytest.raises(UsageError, match="dependency: ") as caught:
+        compile_closure(spec(index, uv_env, dependencies=(requirement,)))
+    assert caught.value.exit_code == 2
+    assert index.paths == []
+
+
 def test_uv_timeout(index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:
     """docs/faults.md H24: uv runs past the time limit: exit 4, uv stopped."""
     stalled = tmp_path / "uv"
@@ -366,6 +377,8 @@ def test_file_urls_rewritten_to_local_dir() -> None:
         install_requirements(pylock, ["torch"], python="3.11", glibc="2.35")
     assert install_requirements(pylock, ["idna"], python="3.11", glibc="2.35")  # not local: no need
     assert local_wheels(pylock) == [Path(f"/opt/wheels/{torch}")]
+    with pytest.raises(UsageError, match="the pylock has no package 'numpy'"):
+        install_requirements(pylock, ["numpy"], python="3.11", glibc="2.35")
 
 
 def test_install_lines_are_what_pip_installs(tmp_path: Path) -> None:

@@ -133,9 +133,13 @@ def _toml_string(text: str) -> str:
 def _checked(requirements: tuple[str, ...], what: str) -> tuple[str, ...]:
     for text in requirements:
         try:
-            Requirement(text)
+            requirement = Requirement(text)
         except InvalidRequirement as exc:
             raise UsageError(f"{what}: {text!r} is not a PEP 508 requirement ({exc})") from exc
+        if requirement.url:
+            raise UsageError(f"{what}: {text!r} is a direct URL, not a requirement on an index",
+                             hint="envbuild locks index packages by hash: publish the package to "
+                                  "an index or a find-links directory and require it by name")
     return requirements
 
 
