@@ -30,6 +30,7 @@ import requests
 
 from envbuild.errors import DataError, NoCompatibleStack, UsageError
 from envbuild.pylock.files import read_pylock
+from envbuild.pylock.hashes import check_index_hashes, page_hashes
 from envbuild.pylock.install import install_requirements, local_wheels, supported_tags
 from envbuild.pylock.uv import ClosureSpec, compile_closure
 
@@ -185,12 +186,14 @@ def test_closure_from_local_index(index: Index, uv_env: dict[str, str]) -> None:
     assert not any(p.startswith("/default/simple/torch") for p in index.paths)
 
 
-def test_same_inputs_same_bytes(index: Index, uv_env: dict[str, str]) -> None:
+def test_same_inputs_same_bytes(index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:
     first = compile_closure(spec(index, uv_env))
     second = compile_closure(spec(index, uv_env))
     assert first.pylock_text.encode() == second.pylock_text.encode()
     again = compile_closure(spec(index, uv_env, previous=first.pylock_text))
     assert again.pylock_text.encode() == first.pylock_text.encode()
+    cold = compile_closure(spec(index, {**uv_env, "UV_CACHE_DIR": str(tmp_path / "cold")}))
+    assert cold.pylock_text.encode() == first.pylock_text.encode()
 
 
 def test_previous_pins_kept_unless_upgraded(index: Index, uv_env: dict[str, str]) -> None:
@@ -273,6 +276,29 @@ def test_index_without_hashes_is_refused(index: Index, uv_env: dict[str, str]) -
                              dependencies=("nohashpkg",), default_index=index.url("nohash")))
     assert caught.value.exit_code == 4
     assert "no sha256 for nohashpkg-1.0-py3-none-any.whl" in caught.value.one_line()
+
+
+def test_index_hash_check_reads_json_and_html(index: Index, uv_env: dict[str, str]) -> None:
+    """The check behind docs/faults.md H22: a sha256 that differs from the index's page is
+    refused as well as a missing one; PEP 691 JSON pages are read as the HTML ones."""
+    good = fake_sha256("idna-3.0-py3-none-any.whl")
+    text = ('lock-version = "1.0"\n[[packages]]\nname = "idna"\nversion = "3.0"\n'
+            f'wheels = [{{ url = "http://127.0.0.1:{index.port}/default/files/idna-3.0-py3-none-any.whl", '
+            f'hashes = {{ sha256 = "{{}}" }} }}]\n')
+    check_index_hashes(read_pylock(text.replace("{}", good)), lambda _: index.url("default"),
+                       env=uv_env, timeout=30)
+    with pytest.raises(DataError, match=r"uv recorded sha256 0{64} but the index") as caught:
+        check_index_hashes(read_pylock(text.replace("{}", "0" * 64)), lambda _: index.url("default"),
+                           env=uv_env, timeout=30)
+    assert caught.value.exit_code == 4
+    page = json.dumps({"meta": {"api-version": "1.1"}, "files": [
+        {"filename": "a-1-py3-none-any.whl", "url": "a-1-py3-none-any.whl", "hashes": {"sha256": "AB" * 32}},
+        {"filename": "b-1-py3-none-any.whl", "url": "b-1-py3-none-any.whl", "hashes": {}}]}).encode()
+    assert page_hashes(page, "application/vnd.pypi.simple.v1+json", "https://x.invalid/simple/a/") == {
+        "a-1-py3-none-any.whl": "ab" * 32, "b-1-py3-none-any.whl": None}
+    links = b'<a href="../../f/a-1-py3-none-any.whl#sha256=' + b"CD" * 32 + b'">a</a><a href="b-1.whl">b</a>'
+    assert page_hashes(links, "text/html", "https://x.invalid/simple/a/") == {
+        "a-1-py3-none-any.whl": "cd" * 32, "b-1.whl": None}
 
 
 def test_uv_missing_is_usage_error(index: Index, uv_env: dict[str, str], tmp_path: Path,
