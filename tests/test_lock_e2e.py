@@ -115,10 +115,11 @@ def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, torch_in
     assert done.returncode == 0, done.stderr
     block = done.stdout
     assert "[tool.envbuild]" in block
-    extra = (f'base-image = "{pushed_base}"\n'
-             f'torch-index-url = "{torch_index}"\n'
-             "companions = false\n")
+    extra = f'base-image = "{pushed_base}"\ntorch-index-url = "{torch_index}"\n'
     block = block.replace("[tool.envbuild]\n", "[tool.envbuild]\n" + extra, 1)
+    # No CPU build of torchvision/torchaudio is reachable here: torch alone.
+    assert "companions = true" in block
+    block = block.replace("companions = true", "companions = false", 1)
     deps = ", ".join(f'"{d}"' for d in DEPENDENCIES)
     (directory / "pyproject.toml").write_text(
         f'[project]\nname = "sample"\nversion = "0.1"\nrequires-python = ">=3.11"\n'

@@ -1,0 +1,157 @@
+"""Read and validate a PEP 751 lock file (``pylock.toml``).
+
+Only what envbuild installs is accepted: lock-version 1.0, packages with a name and a
+version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256.
+Source trees (``vcs``, ``directory``, ``archive``) are refused. Every problem is a
+:class:`~envbuild.errors.UsageError` naming the field, as ``packages[3].wheels[0].hashes``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport, where installed
+    import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+
+LOCK_VERSION = "1.0"
+SHA256 = re.compile(r"[0-9a-f]{64}")
+UNSUPPORTED_SOURCES = ("vcs", "directory", "archive")
+
+
+@dataclass(frozen=True, slots=True)
+class PylockFile:
+    """One distribution file: a wheel or an sdist."""
+
+    filename: str
+    url: str | None
+    path: str | None
+    sha256: str
+
+    @property
+    def is_local(self) -> bool:
+        """True for a ``path`` or a ``file://`` URL: the build cannot fetch it by itself."""
+        return self.url is None or urlsplit(self.url).scheme == "file"
+
+
+@dataclass(frozen=True, slots=True)
+class PylockPackage:
+    name: str  # canonical
+    version: str
+    wheels: tuple[PylockFile, ...]
+    sdist: PylockFile | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pylock:
+    lock_version: str
+    requires_python: str | None
+    packages: tuple[PylockPackage, ...]
+
+    def versions(self) -> dict[str, str]:
+        """{canonical name: version} for every package, sorted by name."""
+        return {p.name: p.version for p in sorted(self.packages, key=lambda p: p.name)}
+
+    def package(self, name: str) -> PylockPackage:
+        wanted = canonicalize_name(name)
+        for package in self.packages:
+            if package.name == wanted:
+                return package
+        raise UsageError(f"the pylock has no package {name!r}",
+                         hint="lock again: the pylock and the requirements disagree")
+
+
+def read_pylock(text: str) -> Pylock:
+    """The validated content of a ``pylock.toml``; UsageError naming the first bad field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"pylock: not valid TOML: {exc}") from exc
+    version = data.get("lock-version")
+    if version != LOCK_VERSION:
+        raise UsageError(f"pylock: lock-version: {version!r} is not {LOCK_VERSION!r}",
+                         hint="envbuild reads PEP 751 lock files of version 1.0")
+    requires_python = data.get("requires-python")
+    if requires_python is not None and not isinstance(requires_python, str):
+        raise UsageError("pylock: requires-python: not a string")
+    raw = data.get("packages")
+    if not isinstance(raw, list):
+        raise UsageError("pylock: packages: missing or not an array of tables")
+    packages = tuple(_package(entry, f"packages[{i}]") for i, entry in enumerate(raw))
+    seen: set[str] = set()
+    for package in packages:
+        if package.name in seen:
+            raise UsageError(f"pylock: packages: {package.name} appears twice",
+                             hint="envbuild locks one version of each package")
+        seen.add(package.name)
+    return Pylock(lock_version=version, requires_python=requires_python, packages=packages)
+
+
+def _package(entry: Any, where: str) -> PylockPackage:
+    if not isinstance(entry, dict):
+        raise UsageError(f"pylock: {where}: not a table")
+    name = _string(entry, "name", where)
+    version = _string(entry, "version", where)
+    for key in UNSUPPORTED_SOURCES:
+        if key in entry:
+            raise UsageError(f"pylock: {where}.{key}: {name} is a {key} source",
+                             hint="envbuild installs wheels only")
+    wheels_raw = entry.get("wheels", [])
+    if not isinstance(wheels_raw, list):
+        raise UsageError(f"pylock: {where}.wheels: not an array of tables")
+    wheels = tuple(_file(w, f"{where}.wheels[{i}]") for i, w in enumerate(wheels_raw))
+    sdist = _file(entry["sdist"], f"{where}.sdist") if "sdist" in entry else None
+    if not wheels and sdist is None:
+        raise UsageError(f"pylock: {where}: {name} has no wheels and no sdist")
+    return PylockPackage(name=canonicalize_name(name), version=version, wheels=wheels, sdist=sdist)
+
+
+def _string(table: dict[str, Any], key: str, where: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"pylock: {where}.{key}: missing or not a string")
+    return value
+
+
+def _file(entry: Any, where: str) -> PylockFile:
+    if not isinstance(entry, dict):
+        raise UsageError(f"pylock: {where}: not a table")
+    url = entry.get("url")
+    path = entry.get("path")
+    if url is not None and not isinstance(url, str):
+        raise UsageError(f"pylock: {where}.url: not a string")
+    if path is not None and not isinstance(path, str):
+        raise UsageError(f"pylock: {where}.path: not a string")
+    if not url and not path:
+        raise UsageError(f"pylock: {where}: neither url nor path")
+    hashes = entry.get("hashes")
+    if not isinstance(hashes, dict):
+        raise UsageError(f"pylock: {where}.hashes: missing or not a table",
+                         hint="every file needs a sha256: lock again from an index that gives hashes")
+    sha256 = hashes.get("sha256")
+    if not isinstance(sha256, str) or not SHA256.fullmatch(sha256.lower()):
+        raise UsageError(f"pylock: {where}.hashes.sha256: missing or not 64 hex digits",
+                         hint="every file needs a sha256: lock again from an index that gives hashes")
+    name = entry.get("name")
+    if name is not None and not isinstance(name, str):
+        raise UsageError(f"pylock: {where}.name: not a string")
+    filename = name or _last_component(url or path or "")
+    if not filename:
+        raise UsageError(f"pylock: {where}: no file name in its url or path")
+    return PylockFile(filename=filename, url=url or None, path=path or None, sha256=sha256.lower())
+
+
+def _last_component(location: str) -> str:
+    if "://" in location:
+        location = unquote(urlsplit(location).path)
+    return PurePosixPath(location).name

@@ -1,0 +1,133 @@
+"""From a pylock to what a build installs: hash-pinned requirement lines and local wheels.
+
+The image installs with ``pip install --no-deps --no-index --require-hashes -r FILE``: one
+line per package, ``name @ URL --hash=sha256:HEX``, naming the one wheel that the image's
+CPython prefers on its glibc (x86_64 manylinux only: envbuild installs wheels, never builds
+an sdist). A wheel that is a local file (``path`` or ``file://``) is rewritten to the build
+context's wheelhouse, ``local_dir`` (an absolute path inside the image or a URL).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from envbuild.errors import UsageError
+from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
+
+ARCH = "x86_64"
+_PYTHON = re.compile(r"3\.(\d+)")
+_GLIBC = re.compile(r"2\.(\d+)")
+# The legacy manylinux names and the glibc they stand for (PEP 600).
+_LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def python_minor(python: str) -> int:
+    match = _PYTHON.fullmatch(python.strip())
+    if match is None:
+        raise UsageError(f"python {python!r} is not a CPython 3.X version", hint='write it as "3.11"')
+    return int(match[1])
+
+
+def glibc_minor(glibc: str) -> int:
+    match = _GLIBC.fullmatch(glibc.strip())
+    if match is None or int(match[1]) < 5:
+        raise UsageError(f"glibc {glibc!r} is not a glibc 2.N version of 2.5 or later",
+                         hint='write it as "2.35" (Ubuntu 22.04)')
+    return int(match[1])
+
+
+def platform_tag(glibc: str) -> str:
+    """The newest manylinux platform tag a system with ``glibc`` runs: manylinux_2_35_x86_64."""
+    return f"manylinux_2_{glibc_minor(glibc)}_{ARCH}"
+
+
+def supported_tags(python: str, glibc: str) -> list[Tag]:
+    """Every tag CPython ``python`` on x86_64 Linux with ``glibc`` installs, best first:
+    the interpreter's own ABI, then the stable ABI, then pure and generic tags."""
+    minor = python_minor(python)
+    platforms: list[str] = []
+    for glibc_2 in range(glibc_minor(glibc), 4, -1):
+        platforms.append(f"manylinux_2_{glibc_2}_{ARCH}")
+        if glibc_2 in _LEGACY:
+            platforms.append(f"{_LEGACY[glibc_2]}_{ARCH}")
+    version = (3, minor)
+    return [*cpython_tags(python_version=version, platforms=platforms),
+            *compatible_tags(python_version=version, interpreter=f"cp3{minor}", platforms=platforms)]
+
+
+def best_wheel(package: PylockPackage, tags: list[Tag]) -> PylockFile | None:
+    """The wheel of ``package`` whose best tag comes first in ``tags``; None if none fits.
+    Ties (several wheels equally good) go to the first file name in sorting order."""
+    rank = {tag: i for i, tag in enumerate(tags)}
+    best: tuple[int, str, PylockFile] | None = None
+    for wheel in package.wheels:
+        try:
+            _, _, _, wheel_tags = parse_wheel_filename(wheel.filename)
+        except InvalidWheelFilename:
+            continue
+        ranks = [rank[t] for t in wheel_tags if t in rank]
+        if not ranks:
+            continue
+        candidate = (min(ranks), wheel.filename, wheel)
+        if best is None or candidate[:2] < best[:2]:
+            best = candidate
+    return None if best is None else best[2]
+
+
+def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, glibc: str,
+                         local_dir: str | None = None) -> str:
+    """Hash-pinned requirement lines for the packages ``names`` (sorted by canonical name):
+    ``name @ URL --hash=sha256:HEX``, one per line.
+
+    UsageError: a name the pylock lacks, a package with no wheel for CPython ``python`` on
+    manylinux x86_64 up to ``glibc``, a local wheel with no ``local_dir`` to find it in."""
+    tags = supported_tags(python, glibc)
+    lines = []
+    for name in sorted({canonicalize_name(n) for n in names}):
+        package = pylock.package(name)
+        wheel = best_wheel(package, tags)
+        if wheel is None:
+            offered = ", ".join(w.filename for w in package.wheels) or "no wheel at all"
+            raise UsageError(
+                f"{package.name} {package.version} has no wheel for CPython {python} on "
+                f"{platform_tag(glibc)} or older ({offered})",
+                hint="envbuild installs wheels only: pick another version or another stack")
+        lines.append(f"{package.name} @ {_location(wheel, local_dir)} --hash=sha256:{wheel.sha256}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _location(wheel: PylockFile, local_dir: str | None) -> str:
+    if not wheel.is_local:
+        assert wheel.url is not None
+        return wheel.url
+    if local_dir is None:
+        raise UsageError(f"local file {wheel.filename} cannot be fetched by the build: use a wheelhouse",
+                         hint="copy the local wheels into the build context (local_dir)")
+    name = quote(wheel.filename, safe="+!")
+    if "://" in local_dir:
+        return f"{local_dir.rstrip('/')}/{name}"
+    if not local_dir.startswith("/"):
+        raise UsageError(f"local_dir {local_dir!r} is neither an absolute path nor a URL")
+    return f"file://{quote(local_dir.rstrip('/'), safe='/+!')}/{name}"
+
+
+def local_wheels(pylock: Pylock, *, base: Path | None = None) -> list[Path]:
+    """Every wheel of the pylock that is a local file (a ``file://`` URL or a ``path``,
+    relative paths taken from ``base``, the pylock's directory), sorted, each once."""
+    found: set[Path] = set()
+    for package in pylock.packages:
+        for wheel in package.wheels:
+            if not wheel.is_local:
+                continue
+            if wheel.url is not None:
+                found.add(Path(unquote(urlsplit(wheel.url).path)))
+            elif wheel.path is not None:
+                path = Path(wheel.path)
+                found.add(path if path.is_absolute() or base is None else base / path)
+    return sorted(found)

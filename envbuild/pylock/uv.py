@@ -1,0 +1,322 @@
+"""The closure of an environment, resolved by uv (``uv pip compile``), as a PEP 751 pylock.
+
+envbuild writes no resolver. It generates a throw-away project in a temporary directory::
+
+    [project] dependencies = ["torch==2.13.0+cpu", <the user's torch requirements>, <the user's deps>]
+    [tool.uv.sources] torch = { index = "envbuild-torch" }
+    [[tool.uv.index]] name = "envbuild-torch", url = <the variant's index>, explicit = true
+
+and asks uv for the closure on the image's platform (``--python-platform
+x86_64-manylinux_2_NN``, NN from the image's glibc, which the caller maps from the Ubuntu
+release: 20.04 → "2.31", 22.04 → "2.35", 24.04 → "2.39"), for its CPython
+(``--python-version``), wheels only, with hashes, as ``pylock.toml``. The pinned packages come
+only from the variant's index (explicit: nothing else is looked up there); every other
+package comes from the default index (the user's, else pip's: flag, PIP_INDEX_URL, pip's
+configuration; pip's extra indexes are not read, envbuild's pipconfig exposes none) and the
+find-links. ``--no-config`` and a scrubbed environment (no UV_* variable that changes an
+answer) keep a stray uv.toml or shell setting out: the same inputs give the same bytes.
+
+``offline``: uv answers from its cache alone, and the check that the index gave every file's
+sha256 (:mod:`envbuild.pylock.hashes`) is skipped: it was made when the cache was filled.
+
+A second, hash-free run of the pinned packages alone, constrained to the first result, names
+the torch layer: the packages the image installs before the user's.
+
+Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
+naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
+failing (network, a missing package) or running past ``timeout`` → DataError (4). Nothing is
+written but the temporary directory, which is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
+from envbuild.pylock.files import read_pylock
+from envbuild.pylock.hashes import check_index_hashes
+from envbuild.pylock.install import glibc_minor, python_minor
+from envbuild.redact import redact
+from envbuild.upstream import pipconfig
+
+PROJECT_NAME = "envbuild-closure"
+TORCH_INDEX_NAME = "envbuild-torch"
+OUTPUT = "pylock.toml"  # uv insists on pylock.toml or pylock.NAME.toml
+# The UV_* variables passed through to uv: where its cache lives, how it reaches the network,
+# credentials. Every other one (UV_INDEX, UV_FIND_LINKS, UV_PRERELEASE, UV_EXCLUDE_NEWER, …)
+# could change the answer and is dropped.
+UV_KEEP = ("UV_CACHE_DIR", "UV_NO_CACHE", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS",
+           "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_KEYRING_PROVIDER", "UV_INSECURE_HOST")
+_UV_CREDENTIAL = re.compile(r"UV_INDEX_[A-Z0-9_]+_(USERNAME|PASSWORD)")
+
+
+@dataclass(frozen=True)
+class ClosureSpec:
+    """What to lock. ``torch_pins``: {name: exact version} the stack fixes (torch and its
+    companions), taken only from ``torch_index`` (None: the default index and find-links);
+    ``dependencies``: the user's PEP 508 requirements; ``torch_constraints``: the user's own
+    torch requirements (``torch<2``), passed to uv so that a clash is reported, not hidden;
+    ``python``: "3.11"; ``glibc``: the image's, "2.35"; ``default_index``: None = pip's;
+    ``previous``: the existing pylock text, whose pins uv keeps unless ``upgrade`` or the
+    package is in ``upgrade_packages``; ``uv``: the uv binary (None: the ``uv`` package's)."""
+
+    torch_pins: Mapping[str, str]
+    python: str
+    glibc: str
+    torch_index: str | None = None
+    dependencies: tuple[str, ...] = ()
+    torch_constraints: tuple[str, ...] = ()
+    default_index: str | None = None
+    find_links: tuple[str, ...] = ()
+    previous: str | None = None
+    upgrade: bool = False
+    upgrade_packages: tuple[str, ...] = ()
+    offline: bool = False
+    uv: str | None = None
+    timeout: float = 300.0
+    env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
+
+
+@dataclass(frozen=True)
+class Closure:
+    pylock_text: str
+    packages: dict[str, str]  # canonical name -> version, every distribution of the pylock
+    torch_layer: frozenset[str]  # canonical names: the pinned packages and their closure
+
+
+def find_uv(explicit: str | None) -> str:
+    """The uv binary: ``explicit`` if given (it must exist), else the ``uv`` package's."""
+    hint = "pip install uv (envbuild resolves the closure with it)"
+    if explicit is not None:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise UsageError(f"uv not found at {explicit}", hint=hint)
+        return explicit
+    try:
+        from uv import find_uv_bin
+    except ModuleNotFoundError as exc:
+        raise UsageError("uv is not installed", hint=hint) from exc
+    try:
+        return str(find_uv_bin())
+    except FileNotFoundError as exc:
+        raise UsageError("the uv package is installed but its binary is missing", hint=hint) from exc
+
+
+def uv_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the UV_* variables that could change uv's answer; pip's CA bundle
+    (PIP_CERT, REQUESTS_CA_BUNDLE) handed to uv as SSL_CERT_FILE when none is set."""
+    kept = {k: v for k, v in env.items()
+            if not k.startswith("UV_") or k in UV_KEEP or _UV_CREDENTIAL.fullmatch(k)}
+    bundle = pipconfig.tls_verify(env)
+    if isinstance(bundle, str) and "SSL_CERT_FILE" not in kept:
+        kept["SSL_CERT_FILE"] = bundle
+    kept["NO_COLOR"] = "1"
+    return kept
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string of ASCII is a TOML basic string
+
+
+def _checked(requirements: tuple[str, ...], what: str) -> tuple[str, ...]:
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement as exc:
+            raise UsageError(f"{what}: {text!r} is not a PEP 508 requirement ({exc})") from exc
+        if requirement.url:
+            raise UsageError(f"{what}: {text!r} is a direct URL, not a requirement on an index",
+                             hint="envbuild locks index packages by hash: publish the package to "
+                                  "an index or a find-links directory and require it by name")
+    return requirements
+
+
+def project_text(spec: ClosureSpec, *, pins_only: bool = False) -> str:
+    """The generated pyproject.toml that uv compiles."""
+    pins = tuple(f"{canonicalize_name(n)}=={v}" for n, v in sorted(spec.torch_pins.items()))
+    requirements = pins if pins_only else (
+        *pins, *_checked(spec.torch_constraints, "torch requirement"),
+        *_checked(spec.dependencies, "dependency"))
+    lines = ["[project]", f"name = {_toml_string(PROJECT_NAME)}", 'version = "0"',
+             f"requires-python = {_toml_string(f'=={spec.python}.*')}", "dependencies = ["]
+    lines += [f"    {_toml_string(r)}," for r in requirements]
+    lines.append("]")
+    if spec.torch_index is not None and spec.torch_pins:
+        lines += ["", "[tool.uv.sources]"]
+        lines += [f"{_toml_string(canonicalize_name(n))} = {{ index = {_toml_string(TORCH_INDEX_NAME)} }}"
+                  for n in sorted(spec.torch_pins)]
+        lines += ["", "[[tool.uv.index]]", f"name = {_toml_string(TORCH_INDEX_NAME)}",
+                  f"url = {_toml_string(spec.torch_index)}", "explicit = true"]
+    return "\n".join(lines) + "\n"
+
+
+def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool) -> list[str]:
+    command = [uv, "pip", "compile", "pyproject.toml", "--no-config", "--quiet", "--color", "never",
+               "--no-header", "--no-annotate", "--only-binary", ":all:",
+               "--python-platform", f"x86_64-manylinux_2_{glibc_minor(spec.glibc)}",
+               "--python-version", f"3.{python_minor(spec.python)}",
+               # The interpreter running envbuild, whatever its version: uv builds nothing
+               # (wheels only), so it neither looks for nor downloads another one.
+               "--python", sys.executable,
+               "--default-index", default_index, "-o", output]
+    command += ["--format", "pylock.toml", "--generate-hashes"] if hashes else \
+        ["--format", "requirements.txt"]
+    for link in spec.find_links:
+        command += ["--find-links", link]
+    if spec.offline:
+        command.append("--offline")
+    return command
+
+
+def compile_closure(spec: ClosureSpec) -> Closure:
+    """Resolve the closure of ``spec`` with uv; see the module's docstring."""
+    env = dict(os.environ if spec.env is None else spec.env)
+    uv = find_uv(spec.uv)
+    glibc_minor(spec.glibc)
+    python_minor(spec.python)
+    default_index = spec.default_index or pipconfig.index_url(None, env)
+    uv_env = uv_environment(env)
+    deadline = time.monotonic() + spec.timeout
+    with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp:
+        work = Path(tmp)
+        (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
+        if spec.previous is not None:
+            read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
+            (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
+        command = _command(uv, spec, default_index, OUTPUT, hashes=True)
+        if spec.upgrade:
+            command.append("--upgrade")
+        for name in sorted(set(spec.upgrade_packages)):
+            command += ["--upgrade-package", name]
+        _run(command, work, uv_env, deadline, spec)
+        text = (work / OUTPUT).read_text(encoding="utf-8")
+        pylock = read_pylock(text)
+        # The hash check (HTTP) and the torch-layer run (uv) are independent: run them together.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            checked = None if spec.offline else pool.submit(
+                check_index_hashes, pylock, _index_of(spec, default_index), env=env,
+                timeout=max(deadline - time.monotonic(), 1.0))
+            layer = _torch_layer(uv, spec, default_index, pylock.versions(), work, uv_env, deadline)
+            if checked is not None:
+                checked.result()
+    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer)
+
+
+def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
+    """Which index a package of the closure came from: the pinned ones from the torch index."""
+    pins = {canonicalize_name(n) for n in spec.torch_pins}
+    torch_index = spec.torch_index
+
+    def index_of(name: str) -> str:
+        return torch_index if torch_index is not None and name in pins else default_index
+
+    return index_of
+
+
+def _torch_layer(uv: str, spec: ClosureSpec, default_index: str, versions: dict[str, str],
+                 work: Path, env: dict[str, str], deadline: float) -> frozenset[str]:
+    """The pinned packages and their own closure, every version held to ``versions``."""
+    if not spec.torch_pins:
+        return frozenset()
+    layer = work / "layer"
+    layer.mkdir()
+    (layer / "pyproject.toml").write_text(project_text(spec, pins_only=True), encoding="utf-8")
+    (layer / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in versions.items()),
+                                           encoding="utf-8")
+    command = _command(uv, spec, default_index, "layer.txt", hashes=False)
+    command += ["--constraints", "constraints.txt"]
+    _run(command, layer, env, deadline, spec)
+    names = set()
+    for line in (layer / "layer.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(canonicalize_name(Requirement(line).name))
+    return frozenset(names)
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _too_slow(spec)
+    try:
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=left, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise _too_slow(spec) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot run uv ({command[0]}): {exc.strerror or exc}",
+                         hint="pip install uv") from exc
+    if done.returncode != 0:
+        raise uv_failure(done.stderr, spec)
+
+
+def _too_slow(spec: ClosureSpec) -> DataError:
+    return DataError(f"uv did not finish resolving the closure within {spec.timeout:g} s",
+                     hint="the index may be slow or unreachable; retry, or raise the timeout")
+
+
+_NOISE = re.compile(r"^(hint|help|note):", re.IGNORECASE)
+_NAME = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)(?=[=<>!~ ,*]|$)")
+
+
+def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
+    """The error for a failed uv run: a conflict (NoCompatibleStack naming both sides) or a
+    one-line DataError with uv's first error line and last cause."""
+    lines = [redact(" ".join(line.split())) for line in stderr.splitlines() if line.strip()]
+    if spec.offline and any("not found in the cache" in line for line in lines):
+        missing = next(line for line in lines if "not found in the cache" in line)
+        return DataError(f"uv's cache cannot answer offline: {missing.removeprefix('cause:').strip()}",
+                         hint="--offline uses uv's cache only: lock once with the network to fill it")
+    if any("No solution found" in line for line in lines):
+        return _conflict(lines, spec)
+    errors = [line for line in lines if line.startswith("error:")]
+    causes = [line for line in lines if line.startswith("cause:")]
+    head = errors[0].removeprefix("error:").strip() if errors else ""
+    tail = causes[-1].removeprefix("cause:").strip() if causes else ""
+    if not head and not tail:
+        meaningful = [line for line in lines if not _NOISE.match(line)]
+        head = meaningful[-1] if meaningful else "no message"
+    message = f"uv could not lock the closure: {head}" + (f": {tail}" if tail else "")
+    hint = "check the index URLs and the network"
+    if spec.offline:
+        hint = "--offline uses uv's cache only: lock once with the network to fill it"
+    return DataError(message, hint=hint)
+
+
+def _conflict(lines: list[str], spec: ClosureSpec) -> EnvbuildError:
+    """uv's "Because … and you require …" explanation, with the stack's pins and the user's
+    requirements it involves named on their own: NoCompatibleStack when a requirement of the
+    project is involved, DataError when only the stack's pins are (their index lacks them)."""
+    start = next(i for i, line in enumerate(lines) if "No solution found" in line)
+    story = " ".join(line.removeprefix("cause:").strip() for line in lines[start + 1:]
+                     if not _NOISE.match(line))
+    for phrase in (f"{PROJECT_NAME}==0 depends on", f"{PROJECT_NAME} depends on"):
+        story = story.replace(phrase, "the environment needs")
+    named = {canonicalize_name(m) for m in _NAME.findall(story)}
+    stack = [f"{canonicalize_name(n)}=={v} (the stack)" for n, v in sorted(spec.torch_pins.items())
+             if canonicalize_name(n) in named]
+    user = [f"{r} (the project)" for r in (*spec.torch_constraints, *spec.dependencies)
+            if canonicalize_name(Requirement(r).name) in named]
+    if not user and stack:
+        return DataError(
+            f"the stack's pins cannot be installed from their index: {'; '.join(stack)}: {story}",
+            hint="check the variant's index URL (torch_index) and refresh the data")
+    if stack:
+        head = f"the project's requirements conflict with the stack: {'; '.join([*stack, *user])}"
+    else:
+        head = f"the project's requirements cannot be satisfied: {'; '.join(user) or 'see below'}"
+    return NoCompatibleStack(
+        f"{head}: {story}", conflicts=(*stack, *user),
+        hint="loosen the project's requirement or choose another stack (--torch, --driver)")
