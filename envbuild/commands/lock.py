@@ -244,15 +244,16 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
-    from envbuild.pylock.uv import ClosureSpec, compile_closure
+    from envbuild.pylock.uv import ClosureSpec, compile_closure, platform_glibc
     from envbuild.render.lock import PylockRef, check_lock, distro_glibc, pins
     from envbuild.render.lockset import pylock_name, sha256_text
     from envbuild.upstream.pipconfig import index_url as configured_index
 
 
-    glibc = distro_glibc(matrix, lock.stack.ubuntu)
-    if glibc is None:
+    distro = distro_glibc(matrix, lock.stack.ubuntu)
+    if distro is None:
         raise UsageError(f"no glibc recorded for Ubuntu {lock.stack.ubuntu} (matrices/ubuntu_python.yaml)")
+    glibc = platform_glibc(distro)
     user_index = project.index_url if project is not None and project.index_url else None
     spec = ClosureSpec(
         torch_pins=pins(lock.stack, companions=lock.companions),
@@ -267,6 +268,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         upgrade=args.upgrade,
         upgrade_packages=tuple(args.upgrade_package),
         offline=args.offline,
+        env=env,
     )
     closure = compile_closure(spec)
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),

@@ -162,6 +162,17 @@ def project_text(spec: ClosureSpec, *, pins_only: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The newest manylinux level uv's --python-platform names (uv 0.13: x86_64-manylinux_2_40). A
+# newer glibc runs every older manylinux wheel, so a release with a newer glibc (Ubuntu 26.04:
+# 2.43) is resolved and installed as 2.40: the lock records the level it used.
+NEWEST_MANYLINUX = "2.40"
+
+
+def platform_glibc(glibc: str) -> str:
+    """The glibc level a closure is resolved for: the image's, at most ``NEWEST_MANYLINUX``."""
+    return glibc if glibc_minor(glibc) <= glibc_minor(NEWEST_MANYLINUX) else NEWEST_MANYLINUX
+
+
 def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool) -> list[str]:
     command = [uv, "pip", "compile", "pyproject.toml", "--no-config", "--quiet", "--color", "never",
                "--no-header", "--no-annotate", "--only-binary", ":all:",

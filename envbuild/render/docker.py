@@ -221,7 +221,7 @@ def labels(lock: Lock) -> list[tuple[str, str]]:
         "org.opencontainers.image.description":
             f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, Ubuntu {s.ubuntu}",
         "org.opencontainers.image.base.name": lock.base_image,
-        "dev.envbuild.schema": "1",
+        "dev.envbuild.schema": "1" if lock.pylock is None else "2",  # the lock file the image carries
         "dev.envbuild.torch": s.torch,
         "dev.envbuild.torchvision": s.torchvision or "",
         "dev.envbuild.torchaudio": s.torchaudio or "",
