@@ -3,7 +3,8 @@
 A fake registry and token server (http.server on 127.0.0.1, in threads) play each answer a
 registry can give; the last tests push the local Debian base image to a real registry,
 Debian's ``docker-registry`` on 127.0.0.1 (the ``loopback_registry`` fixture in conftest.py),
-and compare the digest asked for with the one ``docker push`` reported.
+and compare the digest asked for with the one ``docker push`` reported, anonymously and
+through a second instance that wants bearer tokens from a token server run here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
+from conftest import push_image, run_registry
 
 from envbuild.errors import DataError, EnvbuildError, UsageError
 from envbuild.render.lock import check_image_reference
@@ -454,20 +456,11 @@ def pushed_base(docker_client: Any, loopback_registry: str) -> Iterator[tuple[st
         pytest.fail(f"scripts/base-image.sh failed: {done.stderr[-2000:]}")
     base = done.stdout.strip().splitlines()[-1]
     repository = f"{loopback_registry}/envbuild/bookworm"
-    reference = f"{repository}:base"
-    docker_client.tag(base, repository, "base")
+    reported = push_image(docker_client, base, repository, "base")
     try:
-        reported = None
-        for event in docker_client.push(repository, "base", stream=True, decode=True):
-            if "error" in event:
-                pytest.fail(f"docker push failed: {event['error']}")
-            reported = event.get("aux", {}).get("Digest", reported)
-        repo_digests = docker_client.inspect_image(reference)["RepoDigests"]
-        assert reported is not None, "docker push reported no digest"
-        assert f"{repository}@{reported}" in repo_digests
-        yield reference, reported
+        yield f"{repository}:base", reported
     finally:
-        docker_client.remove_image(reference)
+        docker_client.remove_image(f"{repository}:base")
 
 
 @pytest.mark.docker
@@ -498,3 +491,117 @@ def test_real_registry_unknown_tag_is_no_such_image(pushed_base: tuple[str, str]
         image_digest(f"{loopback_registry}/envbuild/bookworm:no-such-tag", env=os.environ)
     with pytest.raises(DataError, match="no such image or tag"):
         image_digest(f"{loopback_registry}/envbuild/never-pushed:1", env=os.environ)
+
+
+# A token server for the real registry: RS256 JSON web tokens whose x5c header carries a
+# self-signed certificate the registry trusts (its rootcertbundle), as the distribution
+# project's token authentication specifies.
+
+
+@dataclass
+class TokenIssuer:
+    key: Any
+    certificate_der: bytes
+    service: str = "envbuild-test"
+    issuer: str = "envbuild-test-issuer"
+    grant: bool = True  # False: a valid token that grants nothing
+    seen: list[dict[str, list[str]]] = field(default_factory=list)
+
+    def token(self, scope: str) -> str:
+        import base64
+
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        kind, name, actions = scope.split(":")
+        now = int(time.time())
+        claims = {"iss": self.issuer, "sub": "", "aud": self.service, "exp": now + 300,
+                  "nbf": now - 60, "iat": now, "jti": hashlib.sha256(os.urandom(16)).hexdigest(),
+                  "access": [{"type": kind, "name": name, "actions": actions.split(",")}]
+                  if self.grant else []}
+        header = {"typ": "JWT", "alg": "RS256",
+                  "x5c": [base64.b64encode(self.certificate_der).decode()]}
+        signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+        signature = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing_input}.{b64(signature)}"
+
+
+def _issuer(directory: Path) -> tuple[TokenIssuer, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "envbuild test token issuer")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(days=1))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(key, hashes.SHA256()))
+    bundle = directory / "token-root.pem"
+    bundle.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return TokenIssuer(key=key, certificate_der=certificate.public_bytes(serialization.Encoding.DER)), bundle
+
+
+@contextlib.contextmanager
+def token_server(issuer: TokenIssuer) -> Iterator[str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            query = parse_qs(urlsplit(self.path).query)
+            issuer.seen.append(query)
+            if query.get("service") != [issuer.service] or len(query.get("scope", [])) != 1:
+                self.send_response(400)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"token": issuer.token(query["scope"][0]), "expires_in": 300}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.docker
+def test_real_registry_with_token_authentication(pushed_base: tuple[str, str], registry_storage: Path,
+                                                 tmp_path: Path) -> None:
+    """The anonymous token flow against the real registry: a second docker-registry serves the
+    pushed base from the same storage but wants a bearer token from a realm; the digest comes
+    back through 401 → token → HEAD. A token that grants nothing is 401 again: docs/faults.md H3."""
+    reference, reported = pushed_base
+    issuer, bundle = _issuer(tmp_path)
+    with token_server(issuer) as realm:
+        auth = ("auth:\n  token:\n"
+                f"    realm: {realm}\n    service: {issuer.service}\n"
+                f"    issuer: {issuer.issuer}\n    rootcertbundle: {bundle}\n")
+        with run_registry(tmp_path / "token-registry", registry_storage, auth) as host:
+            served = f"{host}/{reference.split('/', 1)[1]}"
+            answer = requests.head(f"http://{host}/v2/envbuild/bookworm/manifests/base", timeout=30)
+            assert answer.status_code == 401  # it does want a token
+            assert image_digest(served, env=os.environ) == reported
+            assert issuer.seen == [{"service": [issuer.service],
+                                    "scope": ["repository:envbuild/bookworm:pull"]}]
+            issuer.grant = False
+            with pytest.raises(DataError, match="wants credentials") as caught:
+                image_digest(served, env=os.environ)
+            assert caught.value.exit_code == 4
