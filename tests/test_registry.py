@@ -61,6 +61,7 @@ class FakeRegistry:
     challenge: str | None = None  # WWW-Authenticate override
     digest_header: bool = True
     digest_override: str | None = None
+    head_allowed: bool = True
     seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
 
     def paths(self) -> list[tuple[str, str]]:
@@ -102,6 +103,9 @@ def _handler(fake: FakeRegistry) -> type[http.server.BaseHTTPRequestHandler]:
                 self._send(404, {}, b"", body_too)
                 return
             name, tag = parts[0][len("/v2/"):], parts[1]
+            if self.command == "HEAD" and not fake.head_allowed:
+                self._send(405, {"Allow": "GET"}, b"", body_too)
+                return
             if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
                 challenge = fake.challenge or (f'Bearer realm="{fake.base}/token",service="fake-registry",'
                                                f'scope="repository:{name}:pull"')
@@ -273,6 +277,17 @@ def test_missing_digest_header_falls_back_to_get_and_sha256(fake: FakeRegistry) 
     assert digest == sha(fake.manifests["envbuild/bookworm:base"])
     assert fake.paths() == [("HEAD", "/v2/envbuild/bookworm/manifests/base"),
                             ("GET", "/v2/envbuild/bookworm/manifests/base")]
+
+
+def test_a_registry_refusing_head_is_asked_with_get(fake: FakeRegistry) -> None:
+    """docs/faults.md H4: 405 to HEAD → GET; the GET's header is checked against the body."""
+    fake.head_allowed = False
+    digest = image_digest(f"{fake.host}/envbuild/bookworm:base", env={})
+    assert digest == sha(fake.manifests["envbuild/bookworm:base"])
+    assert [m for m, _ in fake.paths()] == ["HEAD", "GET"]
+    fake.digest_override = "sha256:" + "e" * 64  # a header the body does not hash to
+    with pytest.raises(DataError, match="not its Docker-Content-Digest"):
+        image_digest(f"{fake.host}/envbuild/bookworm:base", env={})
 
 
 def test_fallback_refuses_a_body_that_is_not_a_manifest(fake: FakeRegistry) -> None:

@@ -150,7 +150,8 @@ def image_digest(
     session = _Session(HttpClient(env=env, policy=policy, log=log), reference, ref, url)
     reply = session.ask("HEAD")
     digest = reply.headers.get("Docker-Content-Digest")
-    if digest is None:  # some proxies drop it: hash what the registry serves
+    if digest is None or reply.status == 405:
+        # Some proxies drop the header, and a few refuse HEAD: hash what the registry serves.
         return session.digest_of_body(session.ask("GET"))
     return session.checked_digest(digest)
 
@@ -249,7 +250,7 @@ class _Session:
         headers = {"Accept": ACCEPT}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        allow = frozenset({401, 403, 404})
+        allow = frozenset({401, 403, 404, 405} if method == "HEAD" else {401, 403, 404})
         try:
             if method == "HEAD":
                 return self.client.head(self.url, headers, allow=allow)
