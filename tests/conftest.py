@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,116 @@ def with_test_key(script: bytes) -> bytes:
     assert script.count(NVIDIA_KEY_LINE.encode()) == 1
     return script.replace(NVIDIA_KEY_LINE.encode(),
                           f"readonly NVIDIA_KEY_FINGERPRINT={TEST_KEY_FINGERPRINT}".encode())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def registry_binary() -> str:
+    """Debian's ``docker-registry``; skip without it, unless ENVBUILD_REQUIRE_DOCKER (CI) is set."""
+    import os
+    import shutil
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        message = "no docker-registry binary (apt-get install docker-registry)"
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail(f"ENVBUILD_REQUIRE_DOCKER is set but there is {message}")
+        pytest.skip(message)
+    return binary
+
+
+@contextlib.contextmanager
+def run_registry(directory: Path, storage: Path, auth: str = "") -> Iterator[str]:
+    """Debian's ``docker-registry`` (the distribution project's server) serving ``storage`` on a
+    free 127.0.0.1 port over plain HTTP, its config and log in ``directory``; yields
+    "127.0.0.1:PORT" once /v2/ answers. ``auth``: an ``auth:`` block of its config (YAML), else
+    anonymous."""
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    binary = registry_binary()
+    directory.mkdir(parents=True, exist_ok=True)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    log_path = directory / "registry.log"
+    ready = False
+    for _ in range(3):  # another process may take the port between the probe and the start
+        port = free_port()
+        config = directory / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: warn\n"
+            "storage:\n"
+            f"  filesystem:\n    rootdirectory: {storage}\n"
+            "  delete:\n    enabled: true\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n" + auth,
+            encoding="utf-8")
+        with log_path.open("ab") as log:
+            process = subprocess.Popen([binary, "serve", str(config)], stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None and not ready:
+            try:
+                with opener.open(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                    ready = True
+            except urllib.error.HTTPError as answer:
+                ready = answer.code == 401 and bool(auth)  # up, and asking for a token
+            except (urllib.error.URLError, OSError):
+                pass
+            if not ready:
+                time.sleep(0.1)
+        if ready:
+            break
+        process.terminate()
+        process.wait(10)
+    if not ready:
+        pytest.fail("docker-registry did not start: "
+                    + log_path.read_text(encoding="utf-8", errors="replace")[-2000:])
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def registry_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``loopback_registry`` keeps what is pushed to it (another registry may serve it too)."""
+    return tmp_path_factory.mktemp("registry-storage")
+
+
+@pytest.fixture(scope="session")
+def loopback_registry(tmp_path_factory: pytest.TempPathFactory, registry_storage: Path) -> Iterator[str]:
+    """A real registry (Debian's ``docker-registry``) on 127.0.0.1, plain HTTP, anonymous, storing
+    in ``registry_storage``; yields "127.0.0.1:PORT". Docker treats loopback registries as
+    insecure ones, so ``docker push`` needs no TLS. Skipped without the binary, unless
+    ENVBUILD_REQUIRE_DOCKER is set (CI): then it fails."""
+    with run_registry(tmp_path_factory.mktemp("registry"), registry_storage) as host:
+        yield host
+
+
+def push_image(client: Any, image: str, repository: str, tag: str) -> str:
+    """Tag ``image`` as ``repository:tag`` and push it with the docker SDK (``client``: an
+    APIClient); the digest the push reported, checked against the image's RepoDigests. The tag
+    stays: remove it with ``client.remove_image(f"{repository}:{tag}")``."""
+    client.tag(image, repository, tag)
+    reported = None
+    for event in client.push(repository, tag, stream=True, decode=True):
+        if "error" in event:
+            pytest.fail(f"docker push of {repository}:{tag} failed: {event['error']}")
+        reported = event.get("aux", {}).get("Digest", reported)
+    if reported is None:
+        pytest.fail(f"docker push of {repository}:{tag} reported no digest")
+    assert f"{repository}@{reported}" in client.inspect_image(f"{repository}:{tag}")["RepoDigests"]
+    return str(reported)

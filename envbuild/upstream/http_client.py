@@ -221,11 +221,25 @@ class HttpClient:
     ) -> Reply:
         """GET with retries; a 2xx reply, one whose status is in ``allow`` (304, 401), or DataError.
         The whole call, retries and back-off included, ends within ``total_timeout_s``."""
+        return self._request("GET", url, headers, allow)
+
+    def head(
+        self,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        allow: frozenset[int] = frozenset(),
+    ) -> Reply:
+        """HEAD, with ``get``'s retries, budget and redirect rules; the reply's body is empty."""
+        return self._request("HEAD", url, headers, allow)
+
+    def _request(self, method: str, url: str, headers: Mapping[str, str] | None,
+                 allow: frozenset[int]) -> Reply:
         reason = ""
         with _Deadline(self.policy.total_timeout_s) as deadline:
             for attempt in range(self.policy.attempts):
                 try:
-                    return self._get_once(url, dict(headers or {}), allow, deadline)
+                    return self._get_once(method, url, dict(headers or {}), allow, deadline)
                 except _Retry as retry:
                     if deadline.expired or deadline.remaining() <= 0:
                         raise self._too_slow(url) from retry
@@ -249,26 +263,32 @@ class HttpClient:
             hint="the server is stalled or trickling; retry later or use another index or mirror",
         )
 
-    def _get_once(self, url: str, headers: dict[str, str], allow: frozenset[int],
+    def _get_once(self, method: str, url: str, headers: dict[str, str], allow: frozenset[int],
                   deadline: _Deadline) -> Reply:
         for _ in range(self.policy.max_redirects + 1):
-            response = self._send(url, headers, deadline)
+            response = self._send(method, url, headers, deadline)
             with response:
                 if response.is_redirect:
                     target = urljoin(url, response.headers["Location"])
                     check_redirect(url, target)
+                    if _origin(target) != _origin(url):
+                        # A token or password is for the server it was given to, not for
+                        # wherever that server sends us.
+                        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
                     url = target
                     continue
                 return self._reply(url, response, ranged="Range" in headers, allow=allow,
                                    deadline=deadline)
         raise DataError(f"too many redirects from {url}")
 
-    def _send(self, url: str, headers: dict[str, str], deadline: _Deadline) -> requests.Response:
+    def _send(self, method: str, url: str, headers: dict[str, str],
+              deadline: _Deadline) -> requests.Response:
         self.requests_made += 1
         left = max(deadline.remaining(), 0.001)
         timeout = (min(self.policy.connect_timeout_s, left), min(self.policy.read_timeout_s, left))
         try:
-            return self._session.get(
+            return self._session.request(
+                method,
                 url,
                 headers=headers,
                 timeout=timeout,
@@ -337,6 +357,11 @@ class HttpClient:
             )
         return delay
 
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.rpartition("@")[2].lower()
 
 
 def parse_retry_after(value: str | None) -> float | None:
