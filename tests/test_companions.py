@@ -265,6 +265,7 @@ def test_refresh_pairs_2_14_1_and_says_why_2_15_0_has_none(
 
 
 def test_a_null_companion_without_a_reason_is_refused(tmp_path: Path) -> None:
+    """docs/faults.md H30: resolve and the lock repeat the reason, so the data must hold one."""
     data = tmp_path / "matrices"
     shutil.copytree(REPO / "matrices", data)
     text = (data / "torch_companions.yaml").read_text()
