@@ -240,7 +240,7 @@ def companion_notes(facts: PypiFacts, retrieved: str) -> dict[str, list[str]]:
 
 def missing_note(project: str, torch: str, releases: Sequence[CompanionFact], retrieved: str) -> str:
     """Why ``torch`` has no ``project``: what the newest release on the index declares."""
-    newest = max(releases, key=lambda fact: Version(fact.version))
+    newest = max(releases, key=lambda fact: Version(fact.version))  # releases: never empty here
     if newest.torch is not None:
         declared = f"pins torch=={newest.torch}"
     elif newest.torch_requirement:
