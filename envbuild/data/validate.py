@@ -288,6 +288,7 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"default variant {r['default_variant']} of torch {r['torch']} is not in "
           "torch_variants.yaml")
     check("torch_variants", lambda r: _beyond_nvcc(r, relations))
+    check("torch_companions", _companion_unexplained)
     check("cuda_images", lambda r: _unsupported_ubuntu(r, relations))
     on_index = {r["torch"] for r in relations.get("torch_pypi", ())}
     check("torch_wheels", lambda r: None if r["torch"] in on_index else
@@ -296,6 +297,16 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           "nvidia_bytes names a package that nvidia does not pin")
     problems.extend(_duplicate_keys(relations))
     return problems
+
+
+def _companion_unexplained(row: Row) -> str | None:
+    """A null companion says why in the note (a part "no torchvision ..."): ``resolve`` and
+    the lock repeat that reason, so a row without it would leave them silent."""
+    parts = str(row.get("note") or "").split("; ")
+    for name in ("torchvision", "torchaudio"):
+        if row[name] is None and not any(part.startswith(f"no {name} ") for part in parts):
+            return f"{name} is null and the note does not say why (a part 'no {name} ...')"
+    return None
 
 
 def _beyond_nvcc(row: Row, relations: Mapping[str, tuple[Row, ...]]) -> str | None:

@@ -21,6 +21,7 @@ from envbuild.resolver.runtime import driver_verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from envbuild.data.gpus import GpuTarget
@@ -134,6 +135,27 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
                             f"for {where} in cuda_images.yaml")
 
 
+COMPANIONS = ("torchvision", "torchaudio")
+
+
+def companions_missing(torch: str, row: Mapping[str, Any] | None) -> str | None:
+    """"no torchvision/torchaudio for torch X: why", from the torch_companions row's note.
+
+    The refresh writes one note part per missing companion, starting "no PROJECT"; a row
+    without one (written by hand, or before the refresh said why) and a torch without a row
+    are named as such."""
+    missing = [name for name in COMPANIONS if row is None or row.get(name) is None]
+    if not missing:
+        return None
+    if row is None:
+        reasons = ["torch_companions.yaml has no row for this torch"]
+    else:
+        parts = str(row.get("note") or "").split("; ")
+        reasons = [next((p for p in parts if p.startswith(f"no {name} ")),
+                        f"torch_companions.yaml records no {name} and no reason") for name in missing]
+    return f"no {'/'.join(missing)} for torch {torch}: {'; '.join(reasons)}"
+
+
 def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None],
                 ask: Request, ix: Index) -> Stack:
     row = family.row
@@ -153,6 +175,9 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
                      "release; the wheels carry the CUDA libraries")
     if not row.get("arch_list") and row["cuda"]:
         notes.append("arch list not recorded: GPU support of this wheel is unverified")
+    missing = companions_missing(row["torch"], ix.companions.get(row["torch"]))
+    if missing:
+        notes.append(missing)
     return Stack(
         torch=row["torch"],
         torchvision=companions.get("torchvision"),

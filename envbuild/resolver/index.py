@@ -35,10 +35,10 @@ KEPT_FIELDS = {
              "last_driver_branch", "driver_source", "source"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
-    "torch_companions": ("torch", "torchvision", "torchaudio"),
+    "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:

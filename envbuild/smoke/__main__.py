@@ -20,6 +20,8 @@ import sys
 import tempfile
 from typing import Sequence
 
+from .installed import compare_installed, pins_whole_environment
+from .lockfile import validate_lock
 from .report import EXIT_INTERRUPTED, MAX_TIER, render_text
 from .runner import Options
 from .suite import run_smoke
@@ -55,6 +57,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     )
     parser.add_argument("--lock", metavar="FILE", help="envbuild.lock to compare the installed stack with")
     parser.add_argument(
+        "--target",
+        metavar="NAME",
+        help="the target of a lock with several (schema 2); an image's lock has one",
+    )
+    parser.add_argument(
+        "--installed-only",
+        action="store_true",
+        help="with --lock: only compare every installed distribution with the lock's; "
+        "one line per difference; exit 0 when equal, 1 when not, 2 when the lock is unusable",
+    )
+    parser.add_argument(
         "--cpu-ok",
         action="store_true",
         help="a CPU-only run is acceptable: GPU checks are reported as skip, never pass",
@@ -75,7 +88,44 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         peaks=ns.peaks,
         report=ns.report,
         timeout=ns.timeout,
+        target=ns.target,
+        installed_only=ns.installed_only,
     )
+
+
+EXIT_DIFFERENT = 1  # --installed-only: the installed set differs from the lock
+EXIT_UNUSABLE = 2  # --installed-only: no --lock, or a lock that cannot be read or compared
+
+
+def installed_only(options: Options) -> int:
+    """``--installed-only``: the installed set against a lock that pins the whole environment.
+
+    Prints one line per extra, missing or different distribution (``name: lock X, installed
+    Y``) and exits 1, or one line saying they match and exits 0; an unusable lock is one
+    ``smoke: ...`` line on stderr and exit 2."""
+    if not options.lock:
+        sys.stderr.write("smoke: --installed-only needs --lock FILE\n")
+        return EXIT_UNUSABLE
+    try:
+        with open(options.lock, encoding="utf-8") as handle:
+            lock = validate_lock(json.load(handle), options.target)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write("smoke: lock %s unreadable: %s\n" % (options.lock, exc))
+        return EXIT_UNUSABLE
+    if not pins_whole_environment(lock):
+        sys.stderr.write("smoke: lock %s pins no whole environment (no 'pylock'): "
+                         "nothing to compare the installed set with\n" % options.lock)
+        return EXIT_UNUSABLE
+    differences = compare_installed(lock)
+    for line in differences:
+        sys.stdout.write(line + "\n")
+    if differences:
+        sys.stderr.write("smoke: the installed set differs from %s in %d distribution(s)\n"
+                         % (options.lock, len(differences)))
+        return EXIT_DIFFERENT
+    sys.stdout.write("installed set matches %s (%d distributions)\n"
+                     % (options.lock, len(lock.get("packages") or {})))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         options = parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, usage errors 2
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    if options.installed_only:
+        return installed_only(options)
     try:
         report = run_smoke(options)
     except KeyboardInterrupt:

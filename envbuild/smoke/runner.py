@@ -48,6 +48,8 @@ class Options:
     peaks: str | None = None
     report: str | None = None
     timeout: float | None = None
+    target: str | None = None  # which target of a schema 2 lock (needed when it has several)
+    installed_only: bool = False  # compare the installed set with the lock, nothing else
 
 
 # Which check explains each reason the GPU checks stop.

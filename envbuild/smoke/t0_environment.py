@@ -9,7 +9,8 @@ import sys
 from typing import Mapping
 
 from .diagnose import classify_cuda_error
-from .lockfile import canonical_name, diff_lock, validate_lock
+from .installed import compare_installed, pins_whole_environment
+from .lockfile import canonical_name, diff_lock, diff_stack, validate_lock
 from .probes import (
     detect_container,
     gpu_device_nodes,
@@ -52,7 +53,7 @@ def tier0(run: Run) -> None:
     )
     if run.options.lock:
         # The lock names the variant the image was built for: hints can name its index.
-        run.variant = lock_variant(run.options.lock)
+        run.variant = lock_variant(run.options.lock, run.options.target)
     run.check("python", 0, lambda: ok("Python %s" % run.host["python"], {"executable": sys.executable}))
     # The driver probe needs no torch: it runs first and is never blocked.
     run.check("driver", 0, lambda: _check_driver(run), gpu=True, standalone=True)
@@ -71,10 +72,10 @@ def tier0(run: Run) -> None:
         run.check("lock", 0, lambda: _check_lock(run))
 
 
-def lock_variant(path: str) -> str:
+def lock_variant(path: str, target: str | None = None) -> str:
     try:
         with open(path, encoding="utf-8") as handle:
-            lock = json.load(handle)
+            lock = validate_lock(json.load(handle), target)
         return str(lock["stack"]["variant"] or "")
     except (OSError, ValueError, KeyError, TypeError):
         return ""
@@ -192,26 +193,37 @@ def _check_lock(run: Run) -> Outcome:
     path = run.options.lock or ""
     try:
         with open(path, encoding="utf-8") as handle:
-            lock = validate_lock(json.load(handle))
+            lock = validate_lock(json.load(handle), run.options.target)
     except (OSError, ValueError) as exc:
         return fail(
             "lock %s unreadable: %s" % (path, exc),
             hint="pass the envbuild.lock the image was built from",
         )
     run.variant = str((lock.get("stack") or {}).get("variant") or "")
-    names = list((lock.get("packages") or {}).keys())
-    if "torch" not in {canonical_name(n) for n in names}:
-        names.append("torch")
-    differences = diff_lock(
-        lock,
-        installed_versions(names),
-        torch_cuda=run.torch_facts.get("cuda"),
-        python_version=platform.python_version(),
-    )
+    if pins_whole_environment(lock):
+        # The lock pins every distribution: the whole installed set is compared.
+        names = list((lock.get("packages") or {}).keys())
+        differences = compare_installed(lock) + diff_stack(
+            lock.get("stack") or {},
+            torch_cuda=run.torch_facts.get("cuda"),
+            python_version=platform.python_version(),
+        )
+        what = "installed set"
+    else:
+        names = list((lock.get("packages") or {}).keys())
+        if "torch" not in {canonical_name(n) for n in names}:
+            names.append("torch")
+        differences = diff_lock(
+            lock,
+            installed_versions(names),
+            torch_cuda=run.torch_facts.get("cuda"),
+            python_version=platform.python_version(),
+        )
+        what = "stack"
     if differences:
         return fail(
-            "stack differs from lock: " + "; ".join(differences),
+            "%s differs from lock: " % what + "; ".join(differences),
             {"differences": differences, "lock": path},
             "rebuild from the lock (envbuild build -f %s) or reinstall the pinned versions" % path,
         )
-    return ok("stack matches %s (%d packages)" % (path, len(names)), {"lock": path})
+    return ok("%s matches %s (%d packages)" % (what, path, len(names)), {"lock": path})

@@ -221,17 +221,60 @@ def companions_table(
     vision: Iterable[CompanionFact],
     audio: Iterable[CompanionFact],
 ) -> tuple[CompanionRow, ...]:
-    """For each torch version, the newest torchvision/torchaudio release pinning exactly it."""
-    by_torch_vision = _newest_by_torch(vision)
-    by_torch_audio = _newest_by_torch(audio)
+    """For each torch version, its torchvision/torchaudio release (None: none on the index).
+
+    A release pinning exactly this torch wins (the newest of them). Else ``loose_pairs``:
+    a release that only requires ``torch>=X.Y.0`` pairs with the newest patches of X.Y."""
+    ordered = sorted(set(torch_versions), key=Version)
+    by_torch_vision = loose_pairs(ordered, vision)
+    by_torch_audio = loose_pairs(ordered, audio)
     return tuple(
         CompanionRow(
             torch=version,
             torchvision=by_torch_vision.get(version),
             torchaudio=by_torch_audio.get(version),
         )
-        for version in sorted(set(torch_versions), key=Version)
+        for version in ordered
     )
+
+
+def loose_minor(fact: CompanionFact) -> tuple[int, int] | None:
+    """(X, Y) when the companion requires ``torch>=X.Y.0`` (or ``>=X.Y``) and nothing else:
+    a lower bound on one torch minor, no upper bound, no exact pin."""
+    if fact.torch is not None or not fact.torch_requirement:
+        return None
+    match = _LOWER_BOUND.fullmatch(fact.torch_requirement.replace(" ", ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+_LOWER_BOUND = re.compile(r">=(\d+)\.(\d+)(?:\.0)?")
+
+
+def loose_pairs(torch_versions: Sequence[str], facts: Iterable[CompanionFact]) -> dict[str, CompanionFact]:
+    """torch version → companion, exact pins first, then the lower-bound rule.
+
+    PyTorch builds each torchvision (and torchaudio) minor for one torch minor (torchvision's
+    README compatibility table: torch 2.3 ↔ torchvision 0.18, ...). Newer companion patch
+    releases declare ``torch>=X.Y.0`` instead of pinning: such a release pairs with the torch
+    X.Y.z patches newer than every X.Y patch some release pins exactly (all of X.Y's patches
+    when none is pinned), the newest such companion for each. An older, unpinned patch stays
+    unpaired: the loose release was built after the pinned one, for the newest torch."""
+    facts = sorted(facts, key=lambda f: Version(f.version))
+    table = _newest_by_torch(facts)
+    minors: dict[tuple[int, int], list[Version]] = {}
+    for text in torch_versions:
+        version = Version(text)
+        minors.setdefault((version.major, version.minor), []).append(version)
+    for minor, patches in minors.items():
+        loose = [f for f in facts if loose_minor(f) == minor]
+        if not loose:
+            continue
+        pinned = [p for p in patches if str(p) in table]
+        floor = max(pinned) if pinned else None
+        for patch in patches:
+            if str(patch) not in table and (floor is None or patch > floor):
+                table[str(patch)] = loose[-1]
+    return table
 
 
 def _newest_by_torch(facts: Iterable[CompanionFact]) -> dict[str, CompanionFact]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from envbuild.errors import DataError
 from envbuild.upstream import simple_api, torch_facts
@@ -110,7 +111,7 @@ def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[
     return PypiFacts(torch=torch, torchvision=(), torchaudio=(), companions=table)
 
 
-COMPANION_NOTES = ("no torchvision", "no torchaudio", "torchvision releases", "torchaudio releases")
+COMPANION_NOTES = ("no torchvision", "no torchaudio", "torchvision ", "torchaudio ")
 
 
 def _keep_companion_notes(rows: list[Row], existing: Mapping[str, tuple[Row, ...]]) -> None:
@@ -129,15 +130,22 @@ TORCH_PYPI_DESCRIPTION = (
     "release: the CPython versions it has wheels for (free-threaded builds in the note), "
     "Requires-Python, the platform tag, the CUDA runtime, cuDNN and NCCL pins read from "
     "the METADATA of the cp311 wheel, the wheel variant they imply (cu121 from a CUDA "
-    "runtime 12.1.x pin), and the torchvision/torchaudio releases that pin exactly this "
-    "torch (null where none does). Sources are pip-index:// URIs: relative to the "
-    "configured Python package index."
+    "runtime 12.1.x pin), and the torchvision/torchaudio releases paired with this torch "
+    "as in torch_companions.yaml (null where none is: the note says why). Sources are "
+    "pip-index:// URIs: relative to the configured Python package index."
 )
+PAIRING_SOURCE = "https://github.com/pytorch/vision/blob/main/README.md, read 2026-11-24"
 COMPANIONS_DESCRIPTION = (
-    "The torchvision and torchaudio releases whose wheel METADATA pins exactly this "
-    "torch release (Requires-Dist: torch==X), read from the Python package index. "
-    "null: no release of that project pins this torch. The source is the torchvision "
-    "wheel (the torchaudio wheel when there is no torchvision); the note names the other."
+    "The torchvision and torchaudio release for each torch release, read from the wheel "
+    "METADATA on the Python package index. A release that pins exactly this torch "
+    "(Requires-Dist: torch==X) wins, the newest of them. A release that only requires "
+    "torch>=X.Y.0 (a lower bound on one torch minor, no upper bound) pairs with the newest "
+    "torch X.Y patch releases, those newer than every X.Y patch pinned exactly, the newest "
+    "such release each: PyTorch builds each torchvision/torchaudio minor for one torch "
+    f"minor (torchvision's compatibility table, {PAIRING_SOURCE}). null: no release on the "
+    "index pairs with this torch, and the note says what the newest one declares; such a "
+    "row's source is that newest release's wheel. Otherwise the source is the torchvision "
+    "wheel (the torchaudio wheel when there is no torchvision) and the note names the other."
 )
 
 
@@ -184,10 +192,14 @@ def _torch_notes(fact: TorchWheelFact) -> list[str]:
 
 
 def companion_row(row: CompanionRow, retrieved: str, notes: Sequence[str],
-                  digests: Mapping[str, str] | None = None) -> Row | None:
-    first = row.torchvision or row.torchaudio
+                  digests: Mapping[str, str] | None = None,
+                  newest: CompanionFact | None = None) -> Row | None:
+    """The row of one torch release. Without any companion it is still written when
+    ``newest`` (the newest release read) is given: its note says why, its source is that
+    release's wheel, the evidence read."""
+    first = row.torchvision or row.torchaudio or (newest if notes else None)
     if first is None:
-        return None  # nothing pins this torch: no fact to record
+        return None  # no companion read at all: nothing to record
     out: Row = {
         "torch": row.torch,
         "torchvision": _version(row.torchvision),
@@ -208,34 +220,49 @@ def _version(fact: CompanionFact | None) -> str | None:
     return fact.version if fact else None
 
 
-def unpinned_notes(facts: PypiFacts) -> dict[str, list[str]]:
-    """torch version → notes on companions that require torch without pinning it."""
+def companion_notes(facts: PypiFacts, retrieved: str) -> dict[str, list[str]]:
+    """torch version → what the index says of its companions when no release pins it exactly:
+    which release the lower-bound rule paired with it, or why it has none (one note each)."""
     notes: dict[str, list[str]] = {}
     for row in facts.companions:
         for project, fact in (("torchvision", row.torchvision), ("torchaudio", row.torchaudio)):
-            if fact is None and (facts.torchvision or facts.torchaudio):
-                loose = _loose_companions(facts, project)
-                notes.setdefault(row.torch, []).append(f"no {project} release pins this torch{loose}")
+            releases = facts.torchvision if project == "torchvision" else facts.torchaudio
+            if fact is not None and fact.torch is None:
+                notes.setdefault(row.torch, []).append(
+                    f"{project} {fact.version} requires torch{fact.torch_requirement} without an "
+                    f"exact pin: paired with the newest torch {_minor(row.torch)} patch releases "
+                    f"(one {project} minor per torch minor, {PAIRING_SOURCE})")
+            elif fact is None and releases:
+                notes.setdefault(row.torch, []).append(missing_note(project, row.torch, releases,
+                                                                    retrieved))
     return notes
 
 
-def _loose_companions(facts: PypiFacts, project: str) -> str:
-    releases = facts.torchvision if project == "torchvision" else facts.torchaudio
-    loose = [f for f in releases if f.torch is None]
-    if not loose:
-        return ""
-    described = ", ".join(f"{f.version} ({_requirement(f)})" for f in loose)
-    return f"; {project} releases without an exact torch pin: {described}"
+def missing_note(project: str, torch: str, releases: Sequence[CompanionFact], retrieved: str) -> str:
+    """Why ``torch`` has no ``project``: what the newest release on the index declares."""
+    newest = max(releases, key=lambda fact: Version(fact.version))  # releases: never empty here
+    if newest.torch is not None:
+        declared = f"pins torch=={newest.torch}"
+    elif newest.torch_requirement:
+        declared = f"declares torch{newest.torch_requirement}"
+    else:
+        declared = "declares no torch requirement"
+    return (f"no {project} release on the index as of {retrieved} pins torch {torch} or requires "
+            f"torch>={_minor(torch)}.0: the newest, {newest.version}, {declared}")
 
 
-def _requirement(fact: CompanionFact) -> str:
-    return f"torch{fact.torch_requirement}" if fact.torch_requirement else "no torch requirement"
+def _minor(torch: str) -> str:
+    return ".".join(torch.split(".")[:2])
+
+
+def _newest(releases: Sequence[CompanionFact]) -> CompanionFact | None:
+    return max(releases, key=lambda fact: Version(fact.version)) if releases else None
 
 
 def build_documents(facts: PypiFacts, retrieved: str,
                     digests: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     companions = {row.torch: row for row in facts.companions}
-    extra = unpinned_notes(facts)
+    extra = companion_notes(facts, retrieved)
     torch_rows = []
     for fact in facts.torch:
         row = torch_row(fact, companions[fact.torch], retrieved, digests)
@@ -244,7 +271,8 @@ def build_documents(facts: PypiFacts, retrieved: str,
         if notes:
             row["note"] = "; ".join(notes)
         torch_rows.append(row)
-    companion_rows = [companion_row(row, retrieved, extra.get(row.torch, []), digests)
+    newest = _newest(facts.torchvision) or _newest(facts.torchaudio)
+    companion_rows = [companion_row(row, retrieved, extra.get(row.torch, []), digests, newest)
                       for row in facts.companions]
     return {
         "torch_pypi": {"relation": "torch_pypi", "description": TORCH_PYPI_DESCRIPTION,

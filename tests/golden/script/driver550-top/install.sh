@@ -22,7 +22,7 @@ readonly MIN_DRIVER=525.60.13
 readonly DRIVER_BRANCH=525
 readonly TOOLKIT_PACKAGE=cuda-toolkit-12-6
 readonly INDEX_URL=https://download.pytorch.org/whl/cu126
-readonly -a TORCH_PINS=(torch==2.14.1+cu126)
+readonly -a TORCH_PINS=(torch==2.14.1+cu126 torchvision==0.29.2+cu126)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
 # --- end of the stack ---

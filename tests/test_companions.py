@@ -1,0 +1,314 @@
+"""torchvision/torchaudio for every torch release, or the reason there is none.
+
+The pairing rule of ``torch_facts.loose_pairs`` (a companion that only requires ``torch>=X.Y.0``
+pairs with the newest X.Y patches), the reasons the refresh writes for a torch without a
+companion, the refresh itself against a package index on 127.0.0.1, the validator's demand
+that a null companion says why, and the note ``resolve`` and the lock carry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import shutil
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from envbuild.data import matrix as matrices
+from envbuild.errors import DataError
+from envbuild.resolver.checks import companions_missing
+from envbuild.resolver.resolve import resolve
+from envbuild.resolver.selection import Selectors, build_request
+from envbuild.upstream import refresh, torch_facts
+from envbuild.upstream.http_client import HttpPolicy
+from envbuild.upstream.sources import pypi_source
+from envbuild.upstream.torch_facts import CompanionFact, PypiFacts
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = HttpPolicy(connect_timeout_s=1.0, read_timeout_s=1.0, total_timeout_s=5.0, attempts=2,
+                  backoff_s=0.01, max_retry_after_s=1.0)
+
+
+def fact(project: str, version: str, requirement: str | None) -> CompanionFact:
+    pinned = requirement[2:] if requirement and requirement.startswith("==") else None
+    return CompanionFact(project=project, version=version, torch=pinned, torch_requirement=requirement,
+                         filename=f"{project}-{version}-cp311-cp311-manylinux_2_28_x86_64.whl",
+                         metadata_bytes=0)
+
+
+VISION = (fact("torchvision", "0.28.0", "==2.13.0"), fact("torchvision", "0.29.0", "==2.14.0"),
+          fact("torchvision", "0.29.1", ">=2.14.0"), fact("torchvision", "0.29.2", ">=2.14.0"))
+AUDIO = (fact("torchaudio", "2.11.0", None),)
+TORCH = ("2.13.0", "2.14.0", "2.14.1", "2.15.0")
+
+
+def paired(table: tuple[torch_facts.CompanionRow, ...]) -> list[tuple[str, str | None, str | None]]:
+    return [(r.torch, r.torchvision and r.torchvision.version, r.torchaudio and r.torchaudio.version)
+            for r in table]
+
+
+# --- the rule --------------------------------------------------------------------------------
+
+
+def test_a_lower_bound_companion_pairs_with_the_newest_patches_of_its_minor() -> None:
+    table = torch_facts.companions_table(TORCH, VISION, AUDIO)
+    assert paired(table) == [
+        ("2.13.0", "0.28.0", None),
+        ("2.14.0", "0.29.0", None),  # an exact pin wins over the newer loose release
+        ("2.14.1", "0.29.2", None),  # the newest of the two loose 0.29 releases
+        ("2.15.0", None, None),  # 0.29.x declares torch>=2.14.0: nothing is built for 2.15
+    ]
+
+
+def test_a_patch_older_than_a_pinned_one_stays_unpaired() -> None:
+    """The loose release was built after 2.14.1's exact pin, for the newest torch: 2.14.0 gets
+    nothing, 2.14.2 gets 0.29.2."""
+    vision = (fact("torchvision", "0.29.1", "==2.14.1"), fact("torchvision", "0.29.2", ">=2.14.0"))
+    table = torch_facts.companions_table(("2.14.0", "2.14.1", "2.14.2"), vision, ())
+    assert paired(table) == [("2.14.0", None, None), ("2.14.1", "0.29.1", None),
+                             ("2.14.2", "0.29.2", None)]
+
+
+def test_without_any_exact_pin_every_patch_of_the_minor_pairs() -> None:
+    vision = (fact("torchvision", "0.29.1", ">=2.14"), fact("torchvision", "0.29.2", ">=2.14.0"))
+    table = torch_facts.companions_table(("2.14.0", "2.14.1"), vision, ())
+    assert paired(table) == [("2.14.0", "0.29.2", None), ("2.14.1", "0.29.2", None)]
+
+
+@pytest.mark.parametrize("requirement, minor", [
+    (">=2.14.0", (2, 14)),
+    (">=2.14", (2, 14)),
+    (">=2.14.1", None),  # a bound inside the minor: not the "built for X.Y" shape
+    (">=2.14.0,<2.15", None),  # an upper bound: not the shape the rule reads
+    ("<3,>=2.14.0", None),
+    (">2.14.0", None),
+    (None, None),
+])
+def test_loose_minor_reads_only_a_bare_lower_bound(requirement: str | None,
+                                                   minor: tuple[int, int] | None) -> None:
+    assert torch_facts.loose_minor(fact("torchvision", "0.29.2", requirement)) == minor
+
+
+def test_an_exact_pin_is_never_loose() -> None:
+    assert torch_facts.loose_minor(fact("torchvision", "0.29.0", "==2.14.0")) is None
+
+
+# --- the rows --------------------------------------------------------------------------------
+
+
+def torch_fact(version: str) -> torch_facts.TorchWheelFact:
+    return torch_facts.TorchWheelFact(
+        torch=version, default_variant="cu130", python=("3.11",), free_threaded=(),
+        requires_python=">=3.10", platform_tag="manylinux_2_28_x86_64", other_platform_tags=(),
+        cuda_runtime="13.0.3", cuda_runtime_via="nvidia-cuda-runtime==13.0.3", cudnn=None, nccl=None,
+        filename=f"torch-{version}-cp311-cp311-manylinux_2_28_x86_64.whl", metadata_bytes=0)
+
+
+def documents() -> dict[str, dict[str, Any]]:
+    facts = PypiFacts(torch=tuple(torch_fact(v) for v in TORCH), torchvision=VISION, torchaudio=AUDIO,
+                      companions=torch_facts.companions_table(TORCH, VISION, AUDIO))
+    return pypi_source.build_documents(facts, "2026-11-24")
+
+
+def test_rows_say_how_each_companion_was_paired_or_why_there_is_none() -> None:
+    rows = {r["torch"]: r for r in documents()["torch_companions"]["rows"]}
+    assert rows["2.14.1"]["torchvision"] == "0.29.2"
+    assert rows["2.14.1"]["note"].startswith(
+        "torchvision 0.29.2 requires torch>=2.14.0 without an exact pin: paired with the newest "
+        f"torch 2.14 patch releases (one torchvision minor per torch minor, {pypi_source.PAIRING_SOURCE})")
+    none = rows["2.15.0"]
+    assert (none["torchvision"], none["torchaudio"]) == (None, None)
+    assert none["note"].split("; ") == [
+        "no torchvision release on the index as of 2026-11-24 pins torch 2.15.0 or requires "
+        "torch>=2.15.0: the newest, 0.29.2, declares torch>=2.14.0",
+        "no torchaudio release on the index as of 2026-11-24 pins torch 2.15.0 or requires "
+        "torch>=2.15.0: the newest, 2.11.0, declares no torch requirement",
+    ]
+    # The evidence read is the source: the newest torchvision wheel.
+    assert none["source"] == ("pip-index:///simple/torchvision/"
+                              "#torchvision-0.29.2-cp311-cp311-manylinux_2_28_x86_64.whl")
+    description = documents()["torch_companions"]["description"]
+    assert "https://github.com/pytorch/vision/blob/main/README.md" in description
+
+
+def test_torch_pypi_rows_carry_the_same_pairing() -> None:
+    rows = {r["torch"]: r for r in documents()["torch_pypi"]["rows"]}
+    assert (rows["2.14.1"]["torchvision"], rows["2.15.0"]["torchvision"]) == ("0.29.2", None)
+    assert "no torchvision release on the index as of 2026-11-24 pins torch 2.15.0" in rows["2.15.0"]["note"]
+
+
+def test_no_row_when_no_companion_release_was_read() -> None:
+    facts = PypiFacts(torch=(torch_fact("2.15.0"),), torchvision=(), torchaudio=(),
+                      companions=torch_facts.companions_table(["2.15.0"], (), ()))
+    assert pypi_source.build_documents(facts, "2026-11-24")["torch_companions"]["rows"] == []
+
+
+# --- the refresh against a package index on 127.0.0.1 -----------------------------------------
+
+
+def _metadata(name: str, version: str, requires: list[str]) -> bytes:
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", "Requires-Python: >=3.10"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+# project → {version: Requires-Dist lines}
+PUBLISHED: dict[str, dict[str, list[str]]] = {
+    "torch": {"2.14.0": ["nvidia-cuda-runtime==13.0.96"], "2.14.1": ["nvidia-cuda-runtime==13.0.96"],
+              "2.15.0": ["nvidia-cuda-runtime==13.2.51"]},
+    "torchvision": {"0.29.0": ["torch==2.14.0"], "0.29.1": ["torch>=2.14.0"], "0.29.2": ["torch>=2.14.0"]},
+    "torchaudio": {"2.11.0": [], "2.14.0": ["torch<2.15,>=2.14.0"]},
+}
+
+
+def _routes() -> dict[str, bytes]:
+    routes: dict[str, bytes] = {}
+    for project, releases in PUBLISHED.items():
+        files = []
+        for version, requires in releases.items():
+            filename = f"{project}-{version}-cp311-cp311-manylinux_2_28_x86_64.whl"
+            files.append({"filename": filename, "url": f"/files/{filename}", "hashes": {},
+                          "size": 1000, "core-metadata": True})
+            routes[f"/files/{filename}.metadata"] = _metadata(project, version, requires)
+        routes[f"/simple/{project}/"] = json.dumps(
+            {"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
+    return routes
+
+
+@contextlib.contextmanager
+def index_server(context: ssl.SSLContext) -> Iterator[str]:
+    routes = _routes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = routes.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/simple/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def index_and_env(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    trustme = pytest.importorskip("trustme")
+    authority = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+    ca = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca))
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path), "PATH": os.environ["PATH"],
+           "PIP_CERT": str(ca)}
+    with index_server(context) as url:
+        yield url, env
+
+
+def trimmed_data(tmp_path: Path) -> Path:
+    """The data with torch_wheels cut to the releases the local index publishes, so that
+    dropping the other index rows (--allow-shrink) leaves a valid data set."""
+    data = tmp_path / "matrices"
+    shutil.copytree(REPO / "matrices", data)
+    wheels = yaml.safe_load((data / "torch_wheels.yaml").read_text())
+    wheels["rows"] = [r for r in wheels["rows"] if r["torch"] in PUBLISHED["torch"]]
+    (data / "torch_wheels.yaml").write_text(yaml.safe_dump(wheels, sort_keys=False))
+    return data
+
+
+def test_refresh_pairs_2_14_1_and_says_why_2_15_0_has_none(
+        tmp_path: Path, index_and_env: tuple[str, dict[str, str]]) -> None:
+    url, env = index_and_env
+    data = trimmed_data(tmp_path)
+    options = refresh.RefreshOptions(matrices=data, sources=("pypi",), index_url=url, policy=FAST,
+                                     allow_shrink=True, retrieved="2026-11-24")
+
+    refresh.refresh(options, env, lambda message: None)
+
+    rows = {r["torch"]: r for r in yaml.safe_load((data / "torch_companions.yaml").read_text())["rows"]}
+    assert {t: (r["torchvision"], r["torchaudio"]) for t, r in rows.items()} == {
+        "2.14.0": ("0.29.0", None), "2.14.1": ("0.29.2", None), "2.15.0": (None, None)}
+    # torchaudio 2.14.0 bounds torch above as well: the rule does not read it, the note names it.
+    assert ("no torchaudio release on the index as of 2026-11-24 pins torch 2.14.1 or requires "
+            "torch>=2.14.0: the newest, 2.14.0, declares torch<2.15,>=2.14.0") in rows["2.14.1"]["note"]
+    assert rows["2.15.0"]["source"].startswith(
+        "pip-index:///simple/torchvision/#torchvision-0.29.2-cp311-cp311-manylinux_2_28_x86_64.whl&sha256=")
+    text = (data / "torch_companions.yaml").read_text() + (data / "torch_pypi.yaml").read_text()
+    assert "127.0.0.1" not in text
+    pypi = {r["torch"]: r for r in yaml.safe_load((data / "torch_pypi.yaml").read_text())["rows"]}
+    assert pypi["2.14.1"]["torchvision"] == "0.29.2"
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def test_a_null_companion_without_a_reason_is_refused(tmp_path: Path) -> None:
+    """docs/faults.md H30: resolve and the lock repeat the reason, so the data must hold one."""
+    data = tmp_path / "matrices"
+    shutil.copytree(REPO / "matrices", data)
+    text = (data / "torch_companions.yaml").read_text()
+    document = yaml.safe_load(text)
+    for row in document["rows"]:
+        if row["torch"] == "2.15.0":
+            row["note"] = "read by hand"
+    (data / "torch_companions.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    with pytest.raises(DataError) as caught:
+        matrices.load(data)
+    assert "torchvision is null and the note does not say why" in str(caught.value)
+
+
+# --- what resolve and the lock say -----------------------------------------------------------
+
+
+def test_companions_missing_names_both_with_the_datas_reasons() -> None:
+    row = {"torch": "2.15.0", "torchvision": None, "torchaudio": None,
+           "note": "no torchvision release X; no torchaudio release Y"}
+    assert companions_missing("2.15.0", row) == (
+        "no torchvision/torchaudio for torch 2.15.0: no torchvision release X; no torchaudio release Y")
+    one = {"torch": "2.14.1", "torchvision": "0.29.2", "torchaudio": None, "note": "a; no torchaudio Z"}
+    assert companions_missing("2.14.1", one) == "no torchaudio for torch 2.14.1: no torchaudio Z"
+    assert companions_missing("2.4.1", {"torchvision": "0.19.1", "torchaudio": "2.4.1"}) is None
+    assert companions_missing("9.9.9", None) == (
+        "no torchvision/torchaudio for torch 9.9.9: torch_companions.yaml has no row for this torch")
+    assert companions_missing("2.14.1", {"torchvision": "0.29.2", "torchaudio": None}) == (
+        "no torchaudio for torch 2.14.1: torch_companions.yaml records no torchaudio and no reason")
+
+
+def test_resolve_notes_why_torch_2_15_0_has_no_companions() -> None:
+    matrix = matrices.load(REPO / "matrices")
+    request = build_request(Selectors(torch="==2.15.0"), matrix, {})
+    stack = resolve(request, matrix).stacks[0]
+    assert (stack.torch, stack.torchvision, stack.torchaudio) == ("2.15.0", None, None)
+    [note] = [n for n in stack.notes if n.startswith("no torchvision/torchaudio for torch 2.15.0: ")]
+    assert "the newest, 0.29.2, declares torch>=2.14.0" in note
+    assert note in stack.to_json()["notes"]
+
+
+def test_resolve_pairs_torch_2_14_1_with_torchvision_0_29_2() -> None:
+    matrix = matrices.load(REPO / "matrices")
+    stack = resolve(build_request(Selectors(torch="==2.14.1"), matrix, {}), matrix).stacks[0]
+    assert (stack.torchvision, stack.torchaudio) == ("0.29.2", None)
+    assert [n for n in stack.notes if n.startswith("no torchaudio for torch 2.14.1: ")]
+    assert not [n for n in stack.notes if "torchvision" in n.split(":")[0]]
