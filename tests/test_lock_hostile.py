@@ -7,6 +7,7 @@ each RUN its shell operators) and install.sh keeps the baseline's structure."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import shlex
@@ -65,8 +66,36 @@ def baselines(matrix: matrixmod.Matrix) -> dict[str, str]:
     standalone = _top(matrix, driver=DriverVersion.parse("550"),
                       python=parse_requirement("python", "3.12"), ubuntu="22.04")
     alone = render.parse_options(python_url=PY_URL, python_sha256=SHA, companions=False)
+    closure = render.lock_for(default, matrix, dataclasses.replace(rich, pip_packages=()))
+    packages = {**closure.packages, "requests": "2.32.3"}
+    text = pylock_text(packages)
+    closure = dataclasses.replace(closure, packages=packages, layers=(), base_offline=True,
+                                  pylock=lockmod.PylockRef(
+                                      file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
+                                      torch_layer=tuple(sorted(set(packages) - {"requests"})),
+                                      platform="x86_64-manylinux_2_35"))
     return {"default": render.lock_for(default, matrix, rich).to_json(),
-            "standalone": render.lock_for(standalone, matrix, alone).to_json()}
+            "standalone": render.lock_for(standalone, matrix, alone).to_json(),
+            "closure": closure.to_json()}
+
+
+def pylock_text(packages: dict[str, str]) -> str:
+    """A PEP 751 file holding ``packages``, one pure-Python wheel each on a mirror."""
+    out = ['lock-version = "1.0"', 'created-by = "test"']
+    for name, version in sorted(packages.items()):
+        wheel = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+        out += ["", "[[packages]]", f'name = "{name}"', f'version = "{version}"',
+                f'wheels = [{{ url = "https://mirror.example/files/{wheel}", '
+                f'hashes = {{ sha256 = "{"c" * 64}" }} }}]']
+    return "\n".join(out) + "\n"
+
+
+def with_pylock(lock: lockmod.Lock) -> lockmod.Lock:
+    """A closure lock read as ``read_lockset`` reads it: with its pylock's text beside it."""
+    if lock.pylock is None:
+        return lock
+    return dataclasses.replace(lock, pylock=dataclasses.replace(
+        lock.pylock, text=pylock_text(dict(lock.packages))))
 
 
 def leaves(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, str]]:
@@ -146,7 +175,7 @@ def script_structure(text: str) -> list[str]:
 
 def rendered(text: str) -> tuple[list[str], list[str] | None]:
     """Read and render a lock as ``render docker --lock`` and ``render script --lock`` do."""
-    lock = lockmod.from_json(text)
+    lock = with_pylock(lockmod.from_json(text))
     files = render.render_docker(lock, render.RenderOptions())
     docker = files["Dockerfile"]
     assert isinstance(docker, bytes)

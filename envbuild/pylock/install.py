@@ -26,6 +26,8 @@ _GLIBC = re.compile(r"2\.(\d+)")
 # The legacy manylinux names and the glibc they stand for (PEP 600).
 _LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 
+_REMOTE_URL = re.compile(r"https?://[A-Za-z0-9._~%!$&'()*+,;=:@/-]+(?:#[A-Za-z0-9._~%=&-]*)?", re.ASCII)
+
 
 def python_minor(python: str) -> int:
     match = _PYTHON.fullmatch(python.strip())
@@ -105,6 +107,11 @@ def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, g
 def _location(wheel: PylockFile, local_dir: str | None) -> str:
     if not wheel.is_local:
         assert wheel.url is not None
+        # A requirements line is the URL, then options: a space, a quote or a line break in it
+        # would add an option (--index-url …) or a requirement of the pylock's choosing.
+        if not _REMOTE_URL.fullmatch(wheel.url):
+            raise UsageError(f"pylock: the url of {wheel.filename!r} is not a plain http(s) URL",
+                             hint="lock again: uv writes only such URLs")
         return wheel.url
     if local_dir is None:
         raise UsageError(f"local file {wheel.filename} cannot be fetched by the build: use a wheelhouse",

@@ -25,6 +25,11 @@ def requirement_files(lock: Lock, *, local_dir: str | None) -> dict[str, str]:
     if ref is None:
         raise UsageError("the lock holds no closure", hint="run 'envbuild lock'")
     pylock = read_pylock(ref.text)
+    if pylock.versions() != dict(sorted(lock.packages.items())):
+        differ = sorted(set(pylock.versions().items()) ^ set(lock.packages.items()))
+        raise UsageError(f"the lock's packages and {ref.file} disagree "
+                         f"({', '.join(f'{n} {v}' for n, v in differ[:5])})",
+                         hint="run 'envbuild lock' again; never edit either by hand")
     torch_layer = sorted(ref.torch_layer)
     rest = sorted(set(lock.packages) - set(torch_layer))
     files = {"torch": install_requirements(pylock, torch_layer, python=lock.stack.python,
