@@ -116,7 +116,8 @@ def test_a_lazy_command_after_the_matrices_option(capsys: pytest.CaptureFixture[
 
     data = str(Path(__file__).resolve().parents[1] / "matrices")
     target = Path(tmp_path) / "envbuild.lock"
-    code, _, err = run(capsys, "--matrices", data, "lock", "--stack-only", "--driver", "550", "-o", str(target))
+    code, _, err = run(capsys, "--matrices", data, "lock", "--stack-only", "--driver", "550",
+                       "-o", str(target))
     assert (code, err) == (0, "")
     assert target.is_file()
 

@@ -306,7 +306,8 @@ def test_undecodable_env_value_is_a_usage_error(tmp_path: Path,
     """A byte of argv that is not UTF-8 arrives as a lone surrogate: it wrote a lock that no
     renderer could encode (exit 70 at render time), now exit 2 and no lock."""
     lock = tmp_path / "envbuild.lock"
-    assert main(["lock", "--stack-only", "--driver", "550", "--env", "A=\udcff", "-o", str(lock)], env={}) == 2
+    assert main(["lock", "--stack-only", "--driver", "550", "--env", "A=\udcff", "-o", str(lock)],
+                env={}) == 2
     assert capsys.readouterr().err.startswith("envbuild: error[usage]: ") and not lock.exists()
 
 

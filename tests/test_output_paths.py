@@ -266,7 +266,8 @@ def refuse_temporaries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
 
 
-@pytest.mark.parametrize("command", [["lock", "--stack-only", "--driver", "550"], ["render", "docker", "--driver", "550"]])
+@pytest.mark.parametrize("command", [["lock", "--stack-only", "--driver", "550"],
+                                     ["render", "docker", "--driver", "550"]])
 def test_an_unwritable_directory_is_exit_2(command: list[str], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,8 @@ def test_lock_refuses_a_credentialed_index_without_echoing_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A lock (and so a Dockerfile, an install script, an image label) never records
     credentials: render refuses them, and its one line does not repeat them."""
-    code = main(["lock", "--stack-only", "--driver", "550", "--index-url", SECRET_URL, "-o", str(tmp_path / "l")],
+    code = main(["lock", "--stack-only", "--driver", "550", "--index-url", SECRET_URL,
+                 "-o", str(tmp_path / "l")],
                 env={"ENVBUILD_NO_CACHE": "1"})
     err = capsys.readouterr().err
     assert code == 2

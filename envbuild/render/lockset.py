@@ -49,14 +49,16 @@ class LockSet:
     project: ProjectRef | None = None
 
     def to_json(self) -> str:
-        data = {
+        targets: dict[str, dict[str, Any]] = {}
+        for name in sorted(self.targets):
+            targets[name] = self.targets[name].to_mapping()
+            del targets[name]["schema"]  # the set's schema covers its targets
+        data: dict[str, Any] = {
             "schema": SCHEMA,
             "project": None if self.project is None else {
                 "file": self.project.file, "inputs_sha256": self.project.inputs_sha256},
-            "targets": {name: self.targets[name].to_mapping() for name in sorted(self.targets)},
+            "targets": targets,
         }
-        for target in data["targets"].values():
-            del target["schema"]
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
     def select(self, name: str | None) -> tuple[str, Lock]:
