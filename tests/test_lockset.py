@@ -136,3 +136,27 @@ def test_pylock_names_follow_pep_751() -> None:
     assert lockset.pylock_name("default", 1) == "pylock.toml"
     assert lockset.pylock_name("default", 2) == "pylock.default.toml"
     assert lockset.pylock_name("h100", 1) == "pylock.h100.toml"
+
+
+@pytest.mark.parametrize("url", [
+    "https://mirror.example/x --index-url https://evil.example/six-1.17.0-py3-none-any.whl",
+    "https://mirror.example/x\nevil==1 @ https://evil.example/six-1.17.0-py3-none-any.whl",
+    "ftp://mirror.example/six-1.17.0-py3-none-any.whl",
+])
+def test_a_pylock_url_that_would_add_an_option_is_refused(stack_lock: lockmod.Lock, url: str) -> None:
+    """docs/faults.md H43: a pylock edited (and its digest in the lock with it) to smuggle a pip
+    option or a second requirement into the requirements file the build reads."""
+    from envbuild.render.closure import requirement_files
+
+    packages = {**stack_lock.packages, "six": "1.17.0"}
+    def wheel(name: str, version: str) -> str:
+        return url if name == "six" else f"https://mirror.example/{name}-{version}-py3-none-any.whl"
+
+    rows = [f'[[packages]]\nname = "{n}"\nversion = "{v}"\nwheels = [{{ url = {json.dumps(wheel(n, v))}, '
+            f'hashes = {{ sha256 = "{"c" * 64}" }} }}]\n' for n, v in sorted(packages.items())]
+    text = 'lock-version = "1.0"\ncreated-by = "test"\n\n' + "\n".join(rows)
+    lock = replace(closure(stack_lock), packages=packages)
+    assert lock.pylock is not None
+    lock = replace(lock, pylock=replace(lock.pylock, torch_layer=("torch",), text=text))
+    with pytest.raises(UsageError, match="not a plain http"):
+        requirement_files(lock, local_dir=None)

@@ -1,0 +1,206 @@
+"""``envbuild lock`` on a project, end to end but offline: uv against package indexes served on
+127.0.0.1 (PEP 503 pages with PEP 658 metadata files, no wheels), the base image already
+pinned by digest, then ``lock --check``, several targets, conflicts and bad combinations
+(docs/faults.md H37–H43)."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import http.server
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild.commands.cli import main
+
+BASE = "mirror.example/library/debian:bookworm@sha256:" + "a" * 64
+LINUX = "cp311-cp311-manylinux_2_28_x86_64"
+PURE = "py3-none-any"
+INDEXES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
+    "torch": [("torch", "2.13.0+cpu", LINUX, ("filelock",)),
+              ("torch", "2.12.0+cpu", LINUX, ("filelock",))],
+    "default": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ()),
+                ("idna", "3.10", PURE, ())],
+}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("indexes")
+    for index, dists in INDEXES.items():
+        pages: dict[str, list[str]] = {}
+        (root / index / "files").mkdir(parents=True)
+        for name, version, tag, requires in dists:
+            filename = f"{name}-{version}-{tag}.whl"
+            meta = "".join(f"{line}\n" for line in ["Metadata-Version: 2.1", f"Name: {name}",
+                                                    f"Version: {version}",
+                                                    *(f"Requires-Dist: {r}" for r in requires)])
+            (root / index / "files" / f"{filename}.metadata").write_text(meta)
+            href = html.escape(f"../../files/{filename}#sha256={_sha('fake:' + filename)}")
+            pages.setdefault(name, []).append(
+                f'<a href="{href}" data-dist-info-metadata="sha256={_sha(meta)}">{filename}</a>')
+        for name, links in pages.items():
+            (root / index / "simple" / name).mkdir(parents=True)
+            (root / index / "simple" / name / "index.html").write_text(
+                "<html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture()
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("uv-cache")
+    return {**os.environ, "UV_CACHE_DIR": str(cache), "UV_HTTP_RETRIES": "0"}
+
+
+def project(directory: Path, indexes: str, *, deps: str = '["six"]', targets: str = "") -> Path:
+    (directory / "envbuild.toml").write_text(
+        f'torch = "==2.13.0"\nvariant = "cpu"\npython = "3.11"\ncompanions = false\n'
+        f'base-image = "{BASE}"\ntorch-index-url = "{indexes}/torch/simple"\n'
+        f'index-url = "{indexes}/default/simple"\ndependencies = {deps}\n{targets}')
+    return directory
+
+
+def run(capsys: pytest.CaptureFixture[str], env: dict[str, str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv), env=env)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_lock_a_project_then_check_it(tmp_path: Path, indexes: str, env: dict[str, str],
+                                      capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, out, err = run(capsys, env, "lock")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envbuild.lock", "envbuild.toml", "pylock.toml"]
+    data = json.loads((tmp_path / "envbuild.lock").read_text())
+    target = data["targets"]["default"]
+    assert target["packages"] == {"filelock": "3.1.0", "six": "1.17.0", "torch": "2.13.0+cpu"}
+    assert target["pylock"]["torch_layer"] == ["filelock", "torch"]
+    assert target["base_image"] == BASE and data["project"]["file"] == "envbuild.toml"
+    assert "3 distributions in pylock.toml" in out
+    first = (tmp_path / "envbuild.lock").read_bytes(), (tmp_path / "pylock.toml").read_bytes()
+    assert run(capsys, env, "lock")[0] == 0  # the same inputs give the same bytes
+    assert ((tmp_path / "envbuild.lock").read_bytes(), (tmp_path / "pylock.toml").read_bytes()) == first
+    code, out, err = run(capsys, env, "lock", "--check")
+    assert (code, err) == (0, "") and "up to date" in out
+    # H37: the project changes (a dependency added) → stale, exit 11, nothing written.
+    project(tmp_path, indexes, deps='["six", "idna"]')
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "project file or a requirements file changed" in err
+    assert ((tmp_path / "envbuild.lock").read_bytes(), (tmp_path / "pylock.toml").read_bytes()) == first
+    # A flag overrides the file and changes the stack: stale as well.
+    project(tmp_path, indexes)
+    code, _, err = run(capsys, env, "lock", "--check", "--torch", "==2.12.0")
+    assert code == 11 and "the stack changed (torch" in err
+    # H38: a pylock edited by hand.
+    (tmp_path / "pylock.toml").write_text(first[1].decode() + "# edited\n")
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "changed since" in err
+
+
+def test_a_flag_overrides_the_project_file(tmp_path: Path, indexes: str, env: dict[str, str],
+                                           capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, _, err = run(capsys, env, "lock", "--torch", "==2.12.0")
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert target["packages"]["torch"] == "2.12.0+cpu"
+
+
+def test_no_lock_is_stale(tmp_path: Path, indexes: str, env: dict[str, str],
+                          capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "does not exist" in err
+
+
+def test_two_targets_two_pylocks_and_render_picks_one(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    targets = '\n[[targets]]\nname = "a100"\ndriver = "550"\n\n[[targets]]\nname = "cpu"\n'
+    monkeypatch.chdir(project(tmp_path, indexes, targets=targets))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    assert {"pylock.a100.toml", "pylock.cpu.toml"} <= {p.name for p in tmp_path.iterdir()}
+    # H39: several targets and no --target.
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx")
+    assert code == 2 and "holds 2 targets (a100, cpu)" in err and not (tmp_path / "ctx").exists()
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "--target", "cpu",
+                       "-o", "ctx")
+    assert code == 0, err
+    carried = json.loads((tmp_path / "ctx" / "envbuild.lock").read_text())
+    assert list(carried["targets"]) == ["cpu"]
+    torch_txt = (tmp_path / "ctx" / "requirements" / "torch.txt").read_text()
+    assert torch_txt.startswith(f"filelock @ {indexes}/default/files/filelock-3.1.0-py3-none-any.whl --hash=")
+    # torch only from the variant's index (its '+' percent-encoded or not, as uv wrote it)
+    assert re.search(rf"^torch @ {re.escape(indexes)}/torch/files/torch-2\.13\.0(?:%2B|\+)cpu-{LINUX}\.whl ",
+                     torch_txt, re.M), torch_txt
+    assert (tmp_path / "ctx" / "requirements" / "project.txt").read_text().startswith("six @ ")
+    dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert "--no-deps --no-index --require-hashes" in dockerfile
+    assert "smoke.py --installed-only" in dockerfile and f"FROM {BASE}" in dockerfile
+
+
+def test_a_project_torch_requirement_that_conflicts_is_exit_3_naming_both(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """H40: the project requires torch<2, the file's stack constraint wants 2.13.0."""
+    monkeypatch.chdir(project(tmp_path, indexes, deps='["six", "torch<2"]'))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 3, err
+    assert "torch<2" in err and "==2.13.0" in err
+    assert not (tmp_path / "envbuild.lock").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--stack-only"], "cannot lock a project's dependencies"),           # H41
+    (["--upgrade", "--upgrade-package", "six"], "cannot be combined"),    # H42
+    (["--project", "envbuild.toml", "--no-project"], "cannot be combined"),
+])
+def test_bad_combinations_are_exit_2_and_write_nothing(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                       message: str) -> None:
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, _, err = run(capsys, env, "lock", *argv)
+    assert code == 2 and message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envbuild.toml"]
+
+
+def test_a_lock_whose_packages_and_pylock_disagree_is_refused(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """H43: envbuild.lock edited to name another version than its pylock (digest kept)."""
+    monkeypatch.chdir(project(tmp_path, indexes))
+    assert run(capsys, env, "lock")[0] == 0
+    path = tmp_path / "envbuild.lock"
+    path.write_text(path.read_text().replace('"six": "1.17.0"', '"six": "1.16.0"'))
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx")
+    assert code == 2 and "disagree" in err and not (tmp_path / "ctx").exists()
