@@ -23,7 +23,6 @@ from envbuild.commands.options import (
     load_matrix,
     resolve_lock,
     warn,
-    warn_all,
 )
 from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
 
@@ -353,9 +352,3 @@ def _differences(locked: Lock, now: Lock) -> list[str]:
             found.append(f"{field} changed")
     return found
 
-
-def warn_companions(locks: Mapping[str, Lock]) -> None:
-    warn_all(f"target {name}: no {', '.join(missing)} for torch {lock.stack.torch}"
-             for name, lock in locks.items()
-             if (missing := [c for c in ("torchvision", "torchaudio") if getattr(lock.stack, c) is None])
-             and lock.companions)

@@ -20,6 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+__all__ = ["KeyPath", "dotted", "line_of", "parse", "tomllib"]  # tomllib: for the pylock reader too
 # A path into the parsed document: table and key names, and indexes into arrays.
 KeyPath = Sequence[str | int]
 

@@ -9,7 +9,6 @@ Source trees (``vcs``, ``directory``, ``archive``) are refused. Every problem is
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -18,11 +17,7 @@ from urllib.parse import unquote, urlsplit
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the backport, where installed
-    import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+from envbuild.project.toml import tomllib  # the one place that picks tomllib or its backport
 
 LOCK_VERSION = "1.0"
 SHA256 = re.compile(r"[0-9a-f]{64}")
