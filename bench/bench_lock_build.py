@@ -1,0 +1,173 @@
+"""A locked CUDA environment: cold build against downloading the same wheels alone, and the
+rebuild after adding one dependency.
+
+One run, side by side, on a sample project (torch's package-index wheel, its CUDA libraries as
+nvidia-* wheels, plus a few small dependencies), locked with ``envbuild lock``:
+
+  lock            seconds for ``envbuild lock`` (uv, the registry digest), cold uv cache
+  download alone  seconds to fetch every wheel the build installs, the same URLs one after
+                  another (as pip does), with nothing else
+  cold build      seconds for ``envbuild build --no-cache`` of that lock
+  ratio           cold build / download alone                                  target <= 1.3
+  rebuild         seconds to re-lock and rebuild after adding one dependency, and whether
+                  the torch layer came from the cache (it must)
+
+The base image is the local Debian one (scripts/base-image.sh), pushed to a docker-registry
+started on 127.0.0.1 so that ``lock`` pins it by digest as it would any base. Needs dockerd,
+docker-registry, the configured package index and a few GB of disk. Usage:
+  python bench/bench_lock_build.py [--torch ==2.13.0] [--variant default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPENDENCIES = ["six>=1.16", "idna>=3.7", "attrs>=23.1", "packaging>=24"]
+ADDED = "tqdm>=4.66"
+TARGET_RATIO = 1.3
+
+
+def envbuild(*args: str, cwd: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=7200)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"bench_lock_build: envbuild {' '.join(args)} failed ({done.returncode}):\n"
+                 f"{done.stderr[-3000:]}")
+    return took, done
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_registry(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        sys.exit("bench_lock_build: no docker-registry (apt-get install docker-registry)")
+    port = free_port()
+    config = root / "registry.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(100):
+        try:
+            with opener.open(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                return process, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    process.terminate()
+    sys.exit("bench_lock_build: docker-registry did not start")
+
+
+def push_base(registry: str) -> str:
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "base-image.sh")], capture_output=True,
+                          text=True, timeout=1800, check=True)
+    local = done.stdout.strip().splitlines()[-1]
+    target = f"{registry}/envbuild/bookworm:base"
+    subprocess.run(["docker", "tag", local, target], check=True)
+    subprocess.run(["docker", "push", "-q", target], check=True, capture_output=True)
+    return target
+
+
+def project(directory: Path, base: str, torch: str, variant: str, deps: list[str]) -> None:
+    quoted = ", ".join(json.dumps(d) for d in deps)
+    (directory / "pyproject.toml").write_text(
+        f'[project]\nname = "bench"\nversion = "0"\nrequires-python = ">=3.11"\n'
+        f"dependencies = [{quoted}]\n\n[tool.envbuild]\ntorch = {json.dumps(torch)}\n"
+        f'variant = {json.dumps(variant)}\npython = "3.11"\ncompanions = false\n'
+        f"base-image = {json.dumps(base)}\n")
+
+
+def download_alone(context: Path) -> tuple[float, int, int]:
+    """Fetch every URL of the build's requirements files, one after another, into a temp dir."""
+    urls = [line.split(" @ ", 1)[1].split(" ", 1)[0]
+            for name in ("torch.txt", "project.txt")
+            if (context / "requirements" / name).is_file()
+            for line in (context / "requirements" / name).read_text().splitlines() if " @ " in line]
+    cert = os.environ.get("PIP_CERT")
+    import ssl
+
+    tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    total = 0
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-dl-") as scratch:
+        start = time.perf_counter()
+        for index, url in enumerate(urls):
+            with opener.open(url, timeout=600) as answer, open(Path(scratch) / str(index), "wb") as out:
+                while chunk := answer.read(1 << 20):
+                    total += len(chunk)
+                    out.write(chunk)
+        return time.perf_counter() - start, len(urls), total
+
+
+def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any]]:
+    args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag, "--report", "report.json",
+            *extra]
+    if os.environ.get("PIP_CERT"):
+        args += ["--ca-bundle", os.environ["PIP_CERT"]]
+    took, _ = envbuild(*args, cwd=directory)
+    return took, dict(json.loads((directory / "report.json").read_text()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torch", default="==2.13.0")
+    parser.add_argument("--variant", default="default")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockbuild-") as scratch:
+        root = Path(scratch)
+        registry, address = start_registry(root)
+        try:
+            base = push_base(address)
+            work = root / "project"
+            work.mkdir()
+            project(work, base, args.torch, args.variant, DEPENDENCIES)
+            cache = root / "uv-cache"
+            os.environ["UV_CACHE_DIR"] = str(cache)
+            lock_s, _ = envbuild("lock", cwd=work)
+            locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
+            envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
+            download_s, files, size = download_alone(work / "ctx")
+            cold_s, cold = build(work, "envbuild-bench/locked:cold", "--no-cache")
+            project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
+            relock_s, _ = envbuild("lock", cwd=work)
+            rebuild_s, again = build(work, "envbuild-bench/locked:added")
+        finally:
+            registry.terminate()
+            registry.wait(10)
+    ran = " ".join(again["ran"])
+    reused = "torch.txt" not in ran and "project.txt" in ran
+    ratio = cold_s / download_s
+    print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
+          f"{locked['stack']['python']}: {len(locked['packages'])} distributions, "
+          f"{len(locked['pylock']['torch_layer'])} in the torch layer")
+    print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
+    print(f"download alone  {download_s:7.1f} s ({files} wheels, {size / 1e9:.2f} GB)")
+    print(f"cold build      {cold_s:7.1f} s (--no-cache; image {cold['size'] / 1e9:.2f} GB)")
+    print(f"ratio           {ratio:7.2f}x  (cold build / download alone; target <= {TARGET_RATIO})"
+          f"  {'ok' if ratio <= TARGET_RATIO else 'OVER TARGET'}")
+    print(f"rebuild         {relock_s + rebuild_s:7.1f} s after adding {ADDED} (lock {relock_s:.1f} s "
+          f"+ build {rebuild_s:.1f} s); torch layer from cache: {'yes' if reused else 'NO'}")
+    return 0 if reused else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
