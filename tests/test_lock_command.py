@@ -25,6 +25,7 @@ LINUX = "cp311-cp311-manylinux_2_28_x86_64"
 PURE = "py3-none-any"
 INDEXES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
     "torch": [("torch", "2.13.0+cpu", LINUX, ("filelock",)),
+              ("torch", "2.13.0+cpu", "cp310-cp310-manylinux_2_28_x86_64", ("filelock",)),
               ("torch", "2.12.0+cpu", LINUX, ("filelock",))],
     "default": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ()),
                 ("idna", "3.10", PURE, ())],
@@ -204,3 +205,47 @@ def test_a_lock_whose_packages_and_pylock_disagree_is_refused(
     path.write_text(path.read_text().replace('"six": "1.17.0"', '"six": "1.16.0"'))
     code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx")
     assert code == 2 and "disagree" in err and not (tmp_path / "ctx").exists()
+
+
+def test_the_host_script_installs_the_same_files(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """render script / cloud-init from a closure: the layers' hash-pinned requirements beside
+    install.sh (and inside the user-data), installed with --no-deps --no-index --require-hashes,
+    then the installed-set check; shellcheck finds nothing at warning level."""
+    import base64
+    import shutil
+    import subprocess
+
+    # Ubuntu 22.04's own python3 (3.10), as a host has it. Locked once with a pinned base (uv's
+    # cache filled), then --offline: the stack's own base stays a tag, uv answers from its cache.
+    monkeypatch.chdir(project(tmp_path, indexes))
+    text = (tmp_path / "envbuild.toml").read_text().replace('python = "3.11"', 'python = "3.10"\nubuntu = "22.04"')
+    (tmp_path / "envbuild.toml").write_text(text)
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    (tmp_path / "envbuild.toml").write_text(text.replace(f'base-image = "{BASE}"\n', ""))
+    code, _, err = run(capsys, env, "lock", "--offline")
+    assert code == 0, err
+    assert json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["base_offline"] is True
+    code, _, err = run(capsys, env, "render", "script", "--lock", "envbuild.lock", "-o", "host")
+    assert code == 0, err
+    host = tmp_path / "host"
+    assert sorted(p.relative_to(host).as_posix() for p in host.rglob("*") if p.is_file()) == [
+        ".envbuild-output", "envbuild.lock", "install.sh", "pylock.toml", "requirements/project.txt",
+        "requirements/torch.txt", "smoke.py"]
+    script = (host / "install.sh").read_text()
+    assert "for layer in torch project; do" in script
+    assert "--no-deps --no-index --require-hashes --only-binary :all:" in script
+    assert '--installed-only --lock "$SOURCE_DIR/envbuild.lock"' in script
+    assert "six @ " in (host / "requirements" / "project.txt").read_text()
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is not None:
+        done = subprocess.run([shellcheck, "-S", "warning", str(host / "install.sh")], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stdout
+    code, _, err = run(capsys, env, "render", "cloud-init", "--lock", "envbuild.lock", "-o", "cloud")
+    assert code == 0, err
+    user_data = (tmp_path / "cloud" / "user-data").read_text()
+    torch_txt = base64.b64encode((host / "requirements" / "torch.txt").read_bytes()).decode()
+    assert "/opt/envbuild/requirements/torch.txt" in user_data and torch_txt in user_data

@@ -70,7 +70,7 @@ def facts(lock: Lock) -> list[tuple[str, str]]:
         # NVIDIA's per-release toolkit metapackage, cuda-toolkit-<major>-<minor>.
         ("TOOLKIT_PACKAGE", f"cuda-toolkit-{major_minor(s.cuda).replace('.', '-')}" if s.cuda else ""),
     ]
-    if lock.index_url is not None:
+    if lock.index_url is not None and lock.pylock is None:  # a closure names every file's URL
         values.append(("INDEX_URL", lock.index_url))
     if lock.python_standalone is not None:
         values += [("PYTHON_URL", lock.python_standalone.url),
