@@ -220,7 +220,8 @@ def test_the_host_script_installs_the_same_files(tmp_path: Path, indexes: str, e
     # Ubuntu 22.04's own python3 (3.10), as a host has it. Locked once with a pinned base (uv's
     # cache filled), then --offline: the stack's own base stays a tag, uv answers from its cache.
     monkeypatch.chdir(project(tmp_path, indexes))
-    text = (tmp_path / "envbuild.toml").read_text().replace('python = "3.11"', 'python = "3.10"\nubuntu = "22.04"')
+    text = (tmp_path / "envbuild.toml").read_text().replace(
+        'python = "3.11"', 'python = "3.10"\nubuntu = "22.04"')
     (tmp_path / "envbuild.toml").write_text(text)
     code, _, err = run(capsys, env, "lock")
     assert code == 0, err
