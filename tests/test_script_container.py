@@ -459,3 +459,100 @@ def test_nouveau_initramfs_failure_is_undone(host: Host) -> None:
     code, out = host.run("--yes", "--no-smoke")
     assert code == 10 and "REBOOT REQUIRED: nouveau is loaded" in out, out
     assert "update-initramfs -u" in host.log() and host.sh(f"test -e {NOUVEAU_CONF}")[0] == 0
+
+
+# --- a locked closure: the same files, installed by hash, checked as a set (docs/faults.md H44) ----
+
+
+def _placeholder(name: str, version: str) -> tuple[str, bytes]:
+    """A pure-Python wheel holding only its metadata (and a module), like ``_wheel``'s torch."""
+    dist = f"{name}-{version}"
+    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\n"
+                                       "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{dist}.dist-info/RECORD,,\n"
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as z:
+        for path, text in sorted(files.items()):
+            z.writestr(zipfile.ZipInfo(path, (2020, 1, 1, 0, 0, 0)), text)
+    return f"{dist}-py3-none-any.whl", data.getvalue()
+
+
+@pytest.fixture
+def closure_host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
+    """The host fixture's container with a closure's files instead: torch and one project
+    dependency, both served from 127.0.0.1:8765/files/ and named by URL and sha256 in a pylock."""
+    import hashlib
+
+    from envbuild.render.lockset import LockSet, sha256_text
+
+    wheels = dict([_wheel(), _placeholder("tinydep", "1.0")])
+    rows = []
+    for filename, data in sorted(wheels.items()):
+        name, version = filename.split("-")[:2]
+        rows.append(f'[[packages]]\nname = "{name}"\nversion = "{version}"\nwheels = [{{ url = '
+                    f'"http://127.0.0.1:8765/files/{filename.replace("+", "%2B")}", hashes = {{ sha256 = '
+                    f'"{hashlib.sha256(data).hexdigest()}" }} }}]\n')
+    text = 'lock-version = "1.0"\ncreated-by = "test"\n\n' + "\n".join(rows)
+    base = lockmod.from_json(rendered["envbuild.lock"].decode())
+    lock = replace(base, packages={"tinydep": "1.0", "torch": TORCH}, layers=(), pylock=lockmod.PylockRef(
+        file="pylock.toml", sha256=sha256_text(text), torch_layer=("torch",),
+        platform="x86_64-manylinux_2_35", text=text))
+    lockmod.check_lock(lock)
+    files = script.render_script(lock, LockSet(targets={"default": lock}).to_json())
+    files = {**files, "install.sh": with_test_key(files["install.sh"])}
+    container = docker_client.containers.run(
+        IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
+        labels={"dev.envbuild.test": "script"})
+    try:
+        tree = {f"{SRC.lstrip('/')}/{n}": (d, 0o644) for n, d in files.items()}
+        tree |= {f"stubs/{p.name}": (p.read_bytes(), 0o755) for p in STUBS.iterdir() if p.suffix != ".md"}
+        tree |= {f"index/files/{n}": (d, 0o644) for n, d in wheels.items()}
+        trusted = keyring_deb(tmp_path, {"cuda-archive-keyring.gpg": (KEYRINGS / "trusted.gpg").read_bytes()})
+        tree["stubs/cuda-keyring.deb"] = (trusted.read_bytes(), 0o644)
+        container.put_archive("/", _tar(tree))
+        h = Host(container)
+        h.sh(f"mkdir -p /stub-state && printf '%s' '{UBUNTU_2204}' > /etc/os-release.ubuntu")
+        h.sh("cd /index && nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        for _ in range(50):
+            probe = "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/files/')"
+            if h.sh(f'python3 -c "{probe}"')[0] == 0:
+                break
+            time.sleep(0.1)
+        yield h
+    finally:
+        container.remove(force=True)
+
+
+def test_a_locked_closure_installs_exactly_the_lock_then_changes_nothing(closure_host: Host) -> None:
+    host = closure_host
+    ubuntu(host)
+    host.state(gpu="1")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10, out  # the driver, as for any lock; the packages came with it
+    script_text = host.sh(f"cat {SRC}/install.sh")[1]
+    assert "pip install --no-cache-dir --no-deps --no-index --require-hashes" in script_text
+    listed = host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze 2>/dev/null")[1]
+    assert f"torch=={TORCH}" in listed and "tinydep==1.0" in listed
+    reboot(host)
+    before = host.snapshot()
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0 and "nothing to change" in out, out
+    assert host.snapshot() == before
+    # A locked distribution removed by hand: the pins step runs again and puts exactly it back.
+    host.sh("/opt/envbuild/venv/bin/pip uninstall -y tinydep >/dev/null 2>&1")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 0, out
+    assert "tinydep==1.0" in host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze")[1]
+
+
+def test_a_wheel_that_does_not_match_its_hash_is_not_installed(closure_host: Host) -> None:
+    host = closure_host
+    ubuntu(host)
+    host.state(gpu="1")
+    host.sh("printf 'x' >> /index/files/tinydep-1.0-py3-none-any.whl")  # the served file changed
+    code, out = host.run("--yes", "--no-smoke")
+    assert code not in (0, 10), out
+    assert "HASHES" in out.upper() or "hash" in out
+    assert "tinydep" not in host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze 2>&1")[1]
