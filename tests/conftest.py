@@ -161,3 +161,19 @@ def push_image(client: Any, image: str, repository: str, tag: str) -> str:
         pytest.fail(f"docker push of {repository}:{tag} reported no digest")
     assert f"{repository}@{reported}" in client.inspect_image(f"{repository}:{tag}")["RepoDigests"]
     return str(reported)
+
+
+@pytest.fixture(scope="session")
+def docker_api() -> Any:
+    """The Docker engine's API client (envbuild's own connect). Skipped without an engine, unless
+    ENVBUILD_REQUIRE_DOCKER is set (CI, .ci/run): then a missing engine fails the test."""
+    import os
+
+    from envbuild.engine.daemon import connect
+
+    try:
+        return connect(os.environ)
+    except Exception as exc:  # any failure to reach a daemon means: not this machine
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail(f"ENVBUILD_REQUIRE_DOCKER is set but no Docker engine answers: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")

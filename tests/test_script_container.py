@@ -11,6 +11,7 @@ Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -83,21 +84,24 @@ def rendered() -> dict[str, bytes]:
     return {**files, "install.sh": with_test_key(files["install.sh"])}
 
 
-def _wheel() -> tuple[str, bytes]:
-    """A placeholder torch wheel: enough for pip and importlib.metadata, nothing else."""
-    name = f"torch-{TORCH}"
-    files = {
-        "torch/__init__.py": f'__version__ = "{TORCH}"\n',
-        f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {TORCH}\n",
-        f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\nRoot-Is-Purelib: true\n"
-                                   "Tag: py3-none-any\n",
-    }
-    files[f"{name}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{name}.dist-info/RECORD,,\n"
+def _placeholder(name: str, version: str) -> tuple[str, bytes]:
+    """A pure-Python wheel holding only its metadata (and a module), like ``_wheel``'s torch."""
+    dist = f"{name}-{version}"
+    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\n"
+                                       "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{dist}.dist-info/RECORD,,\n"
     data = io.BytesIO()
     with zipfile.ZipFile(data, "w") as z:
         for path, text in sorted(files.items()):
             z.writestr(zipfile.ZipInfo(path, (2020, 1, 1, 0, 0, 0)), text)
-    return f"{name}-py3-none-any.whl", data.getvalue()
+    return f"{dist}-py3-none-any.whl", data.getvalue()
+
+
+def _wheel() -> tuple[str, bytes]:
+    """A placeholder torch wheel: enough for pip and importlib.metadata, nothing else."""
+    return _placeholder("torch", TORCH)
 
 
 def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
@@ -138,30 +142,41 @@ class Host:
             self.sh(f"printf '%s' '{text}' > /stub-state/{name}")
 
 
-@pytest.fixture
-def host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
+@contextlib.contextmanager
+def started_host(docker_client: Any, rendered: dict[str, bytes], served: dict[str, bytes],
+                 tmp_path: Path) -> Iterator[Host]:
+    """A throwaway container with the rendered files in SRC, the stubs, and ``served`` (paths
+    below /index) on 127.0.0.1:8765 inside it; removed however the test ends."""
     container = docker_client.containers.run(
         IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
         labels={"dev.envbuild.test": "script"})
     try:
-        wheel_name, wheel = _wheel()
         files = {f"{SRC.lstrip('/')}/{n}": (d, 0o644) for n, d in rendered.items()}
         files |= {f"stubs/{p.name}": (p.read_bytes(), 0o755) for p in STUBS.iterdir()
                   if p.suffix != ".md"}
-        files[f"index/simple/torch/{wheel_name}"] = (wheel, 0o644)
+        files |= {f"index/{path}": (data, 0o644) for path, data in served.items()}
         trusted = keyring_deb(tmp_path, {"cuda-archive-keyring.gpg": (KEYRINGS / "trusted.gpg").read_bytes()})
         files["stubs/cuda-keyring.deb"] = (trusted.read_bytes(), 0o644)
         container.put_archive("/", _tar(files))
         h = Host(container)
         h.sh(f"mkdir -p /stub-state && printf '%s' '{UBUNTU_2204}' > /etc/os-release.ubuntu")
         h.sh("cd /index && nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        first = next(iter(sorted(served))).rsplit("/", 1)[0]
         for _ in range(50):
-            if h.sh(f"python3 -c 'import urllib.request as u; u.urlopen(\"{INDEX}/torch/\")'")[0] == 0:
+            probe = f"import urllib.request as u; u.urlopen('http://127.0.0.1:8765/{first}/')"
+            if h.sh(f'python3 -c "{probe}"')[0] == 0:
                 break
             time.sleep(0.1)
         yield h
     finally:
         container.remove(force=True)
+
+
+@pytest.fixture
+def host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
+    wheel_name, wheel = _wheel()
+    with started_host(docker_client, rendered, {f"simple/torch/{wheel_name}": wheel}, tmp_path) as h:
+        yield h
 
 
 def ubuntu(h: Host) -> None:
@@ -464,21 +479,6 @@ def test_nouveau_initramfs_failure_is_undone(host: Host) -> None:
 # --- a locked closure: the same files, installed by hash, checked as a set (docs/faults.md H44) ----
 
 
-def _placeholder(name: str, version: str) -> tuple[str, bytes]:
-    """A pure-Python wheel holding only its metadata (and a module), like ``_wheel``'s torch."""
-    dist = f"{name}-{version}"
-    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
-             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\n"
-                                       "Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    files[f"{dist}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{dist}.dist-info/RECORD,,\n"
-    data = io.BytesIO()
-    with zipfile.ZipFile(data, "w") as z:
-        for path, text in sorted(files.items()):
-            z.writestr(zipfile.ZipInfo(path, (2020, 1, 1, 0, 0, 0)), text)
-    return f"{dist}-py3-none-any.whl", data.getvalue()
-
-
 @pytest.fixture
 def closure_host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
     """The host fixture's container with a closure's files instead: torch and one project
@@ -502,27 +502,8 @@ def closure_host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path)
     lockmod.check_lock(lock)
     files = script.render_script(lock, LockSet(targets={"default": lock}).to_json())
     files = {**files, "install.sh": with_test_key(files["install.sh"])}
-    container = docker_client.containers.run(
-        IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
-        labels={"dev.envbuild.test": "script"})
-    try:
-        tree = {f"{SRC.lstrip('/')}/{n}": (d, 0o644) for n, d in files.items()}
-        tree |= {f"stubs/{p.name}": (p.read_bytes(), 0o755) for p in STUBS.iterdir() if p.suffix != ".md"}
-        tree |= {f"index/files/{n}": (d, 0o644) for n, d in wheels.items()}
-        trusted = keyring_deb(tmp_path, {"cuda-archive-keyring.gpg": (KEYRINGS / "trusted.gpg").read_bytes()})
-        tree["stubs/cuda-keyring.deb"] = (trusted.read_bytes(), 0o644)
-        container.put_archive("/", _tar(tree))
-        h = Host(container)
-        h.sh(f"mkdir -p /stub-state && printf '%s' '{UBUNTU_2204}' > /etc/os-release.ubuntu")
-        h.sh("cd /index && nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &")
-        for _ in range(50):
-            probe = "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/files/')"
-            if h.sh(f'python3 -c "{probe}"')[0] == 0:
-                break
-            time.sleep(0.1)
+    with started_host(docker_client, files, {f"files/{n}": d for n, d in wheels.items()}, tmp_path) as h:
         yield h
-    finally:
-        container.remove(force=True)
 
 
 def test_a_locked_closure_installs_exactly_the_lock_then_changes_nothing(closure_host: Host) -> None:
