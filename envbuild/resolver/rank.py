@@ -14,9 +14,11 @@ _NO_CUDA = (0, 1)  # newest_first((0,)): a CPU wheel ranks after every CUDA vari
 
 
 def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = None) -> tuple[Any, ...]:
-    """Best first: the newest torch; native before minor-version before forward
-    compatibility; the newest CUDA variant; the newest Ubuntu; the newest Python; then the
-    variant name, so that ties always break the same way and output is deterministic.
+    """Best first: every forward-compatibility stack after every native and minor-version
+    one (it needs the extra cuda-compat package and runs on datacenter GPUs only); then the
+    newest torch; native before minor-version; the newest CUDA variant; the newest Ubuntu;
+    the newest Python; then the variant name, so that ties always break the same way and
+    output is deterministic.
 
     ``release``: version text → its release tuple. The resolver passes its index's
     (precomputed, no ``packaging`` at start-up); by default ``packaging`` parses it."""
@@ -30,6 +32,7 @@ def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = No
         return (*(-part for part in release(text)), 1)
 
     return (
+        stack.compat == "forward",
         newest_first(stack.torch),
         COMPAT_ORDER[stack.compat],
         newest_first(stack.cuda) if stack.cuda else _NO_CUDA,
