@@ -23,10 +23,13 @@ def test_header_says_native_minor_and_newer(capsys: pytest.CaptureFixture[str]) 
     code, out, _ = run(capsys, "resolve", "--driver", "550", "--gpu", "RTX 4090", "--top", "3")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "Driver 550 runs CUDA <= 12.4 natively (newest release 12.4.1)."
-    assert "CUDA 12.x also through minor-version compatibility" in lines[1]
-    assert lines[2] == "  CUDA 13.x needs driver >= 580.65.06."
-    assert lines[3] == "GPU: NVIDIA GeForce RTX 4090 (sm_89, consumer/workstation)"
+    assert lines[0] == ("Driver 550: read as the newest 550 build, which runs CUDA <= 12.4 "
+                        "natively (newest release 12.4.1).")
+    assert lines[1].startswith("  The data records no oldest 550 build: 550 builds older than "
+                               "550.54.14 run CUDA <= 12.3 natively (newest release 12.3.1);")
+    assert "CUDA 12.x also through minor-version compatibility" in lines[2]
+    assert lines[3] == "  CUDA 13.x needs driver >= 580.65.06."
+    assert lines[4] == "GPU: NVIDIA GeForce RTX 4090 (sm_89, consumer/workstation)"
     table = [line for line in lines if line[:3] in ("1  ", "2  ", "3  ")]
     assert len(table) == 3
     assert "3 of " in out and "(--explain says why)" in out
@@ -61,11 +64,100 @@ def test_host_flag_uses_the_probe(monkeypatch: pytest.MonkeyPatch,
 
 def test_host_without_gpu_has_no_driver_constraint(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K6: no driver and no GPU found → said plainly, CPU stacks first, exit 0."""
     monkeypatch.setattr(host, "probe_host", lambda env, **_: host.HostFacts())
-    code, out, _ = run(capsys, "resolve", "--host", "--json")
+    code, out, _ = run(capsys, "resolve", "--host", "--json", "--top", "100")
     assert code == 0
     body = json.loads(out)
     assert body["driver"] is None and body["gpus"] == []
+    variants = [s["variant"] for s in body["stacks"]]
+    assert variants[0] == "cpu" and body["stacks"][0]["compat"] is None
+    cpu = [v == "cpu" for v in variants]
+    assert cpu == sorted(cpu, reverse=True) and not all(cpu)  # CPU first, CUDA stacks after
+    code, out, _ = run(capsys, "resolve", "--host", "--top", "2")
+    assert code == 0
+    assert out.startswith("No NVIDIA driver or GPU found on this host (--host): CPU stacks first")
+    table = [line.split() for line in out.splitlines() if line.startswith("1  ")]
+    assert table[0][2] == "cpu"
+
+
+def test_host_without_gpu_keeps_what_the_user_named(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # --gpu or --driver named by hand: the user wants a GPU stack; nothing is reordered.
+    monkeypatch.setattr(host, "probe_host", lambda env, **_: host.HostFacts())
+    for extra in (("--gpu", "A100"), ("--driver", "550")):
+        code, out, _ = run(capsys, "resolve", "--host", *extra, "--json")
+        assert code == 0
+        assert json.loads(out)["stacks"][0]["variant"] != "cpu"
+
+
+def test_host_driver_text_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K2: the host's driver as nvidia-smi prints it, zero-padded."""
+    probed = host.HostFacts(driver_version="535.104.05")
+    monkeypatch.setattr(host, "probe_host", lambda env, **_: probed)
+    code, out, _ = run(capsys, "resolve", "--host")
+    assert code == 0
+    assert out.startswith("Driver 535.104.05 runs CUDA <= 12.2 natively")
+
+
+@pytest.mark.parametrize("driver", ["535.104.05", "550.144.03", "450.36.06"])
+def test_driver_text_as_nvidia_writes_it(driver: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K2: never 535.104.5, in the header, the JSON and the conflicts."""
+    code, out, _ = run(capsys, "resolve", "--driver", driver, "--top", "1")
+    assert out.startswith(f"Driver {driver} runs ") or code == 3
+    code, out, _ = run(capsys, "resolve", "--driver", driver, "--json", "--top", "1")
+    body = json.loads(out)
+    assert body["driver"]["version"] == driver
+    assert body["driver"]["partial"] is False and body["driver"]["older_builds"] is None
+    code, out, _ = run(capsys, "resolve", "--driver", driver, "--cuda", "13.0", "--json")
+    assert code == 3
+    assert f"(host: {driver})" in json.loads(out)["error"]
+
+
+@pytest.mark.parametrize("driver", ["", "550.", "5500", "550.54.15.1", "\u0665\u0665\u0660"])
+def test_empty_or_malformed_driver_is_usage(driver: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K3: --driver "" is not "no driver"; exit 2, one line."""
+    code, out, err = run(capsys, "resolve", "--driver", driver)
+    assert code == 2 and out == ""
+    assert err.startswith("envbuild: error[usage]: invalid driver version")
+    assert len(err.splitlines()) == 1
+
+
+def test_partial_driver_states_the_assumption(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K4: a branch is read as its newest build, and the header says what
+    the older builds run, from the data (which records no oldest build)."""
+    code, out, _ = run(capsys, "resolve", "--driver", "525", "--json", "--top", "1")
+    body = json.loads(out)["driver"]
+    assert body["partial"] is True
+    assert body["older_builds"] == {"below": "525.60.13", "max_cuda": "11.8",
+                                    "max_cuda_release": "11.8.0", "minor_compat": "11.x"}
+    code, out, _ = run(capsys, "resolve", "--driver", "525", "--top", "1")
+    assert ", CUDA 11.x through minor-version compatibility;" in out.splitlines()[1]
+    code, out, _ = run(capsys, "resolve", "--driver", "565", "--top", "1")
+    assert code == 0 and out.splitlines()[1].startswith("  Every 565 build runs the same")
+    _, out, _ = run(capsys, "resolve", "--driver", "550.54.15", "--top", "1")
+    assert "read as" not in out and "builds older" not in out
+
+
+def test_one_minimum_driver_per_cuda_release(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md K5: CUDA 13.0's minimum is its GA driver 580.65.06 in the table, the
+    JSON, the rejection, the header and the fix (13.0 Update 2's 580.95.05 is not it)."""
+    code, out, _ = run(capsys, "resolve", "--cuda", "13.0", "--top", "3")
+    rows = [line.split() for line in out.splitlines() if line[:3] in ("1  ", "2  ", "3  ")]
+    assert len(rows) == 3 and {r[8] for r in rows} == {"580.65.06"}
+    code, out, _ = run(capsys, "resolve", "--cuda", "13.0", "--json", "--top", "100")
+    assert {s["min_driver"] for s in json.loads(out)["stacks"]} == {"580.65.06"}
+    code, out, _ = run(capsys, "resolve", "--driver", "575", "--cuda", "13.0", "--json")
+    body = json.loads(out)
+    assert code == 3 and "needs driver >= 580.65.06" in body["error"]
+    assert body["fixes"][0].startswith("upgrade the driver to >= 580.65.06")
+    code, out, _ = run(capsys, "resolve", "--driver", "575", "--top", "1")
+    assert "  CUDA 13.x needs driver >= 580.65.06." in out.splitlines()
+    # With a 13.0 Update 2 driver the base image is 13.0.2's, the minimum still 13.0's.
+    code, out, _ = run(capsys, "resolve", "--driver", "580.95.05", "--cuda", "13.0", "--json")
+    top = json.loads(out)["stacks"][0]
+    assert (top["min_driver"], top["base_cuda"]) == ("580.65.06", "13.0.2")
 
 
 def test_detect_from_saved_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +179,8 @@ def test_json_is_stable(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     body = json.loads(out)
     assert set(body) == {"schema", "driver", "gpus", "stacks", "total_stacks", "rejected"}
-    assert set(body["driver"]) == {"version", "max_cuda", "max_cuda_release", "minor_compat"}
+    assert set(body["driver"]) == {"version", "max_cuda", "max_cuda_release", "minor_compat",
+                                   "partial", "older_builds"}
     assert set(body["stacks"][0]) >= {"torch", "torchvision", "torchaudio", "variant", "index_url",
                                       "cuda", "cudnn", "python", "ubuntu", "base_image", "compat"}
     assert body["stacks"][0]["compat"] in ("native", "minor-version", "forward")

@@ -37,6 +37,11 @@ PLAIN = [
     ["resolve", "--driver", "550", "--ubuntu", "20.04", "--explain"],
     ["resolve", "--driver", "550", "--cudnn", "9", "--json"],
     ["resolve", "--driver=550", "--torch=2.4", "--json"],  # the --opt=value spelling
+    ["resolve", "--driver", "535.104.05", "--gpu", "A100", "--flavor", "devel"],  # K1, K2
+    ["resolve", "--driver", "550.144.03", "--json"],  # K2: zero-padded, never 550.144.3
+    ["resolve", "--driver", "525", "--json"],  # K4: a branch and its older builds
+    ["resolve", "--driver", "525"],
+    ["resolve", "--cuda", "13.0", "--json"],  # K5: CUDA 13.0's minimum driver
     [f"--matrices={Path(__file__).resolve().parent.parent / 'matrices'}", "resolve", "--gpu=RTX 4090",
      "--top=3"],
     ["resolve", "--driver", "550", "--torch", ">=2.3,<2.5", "--python", "3.11", "--explain"],
@@ -139,6 +144,15 @@ def test_console_entry_writes_a_short_answer_whole(tmp_path: Path,
     expected = capsys.readouterr().out
     done = _console(*argv, tmp_path=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert (done.returncode, done.stdout.decode()) == (0, expected)
+
+
+@pytest.mark.parametrize("argv", [("resolve", "--driver", ""), ("resolve", "--driver=")])
+def test_an_empty_driver_is_exit_2_not_no_driver(argv: tuple[str, ...], tmp_path: Path) -> None:
+    """docs/faults.md K3: the fast path hands an empty value to the CLI, which refuses it."""
+    assert entry.plain_resolve_args(list(argv)) is None
+    done = _console(*argv, tmp_path=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode().startswith("envbuild: error[usage]: invalid driver version ''")
 
 
 def test_console_entry_hands_failures_to_the_cli(tmp_path: Path) -> None:

@@ -85,6 +85,16 @@ def test_resolver_case(case: dict[str, Any], capsys: pytest.CaptureFixture[str])
         assert not any(matches(field, s.get(field), forbidden) for s in stacks), (field, forbidden)
     for field, wanted in expect.get("some", {}).items():
         assert any(matches(field, s.get(field), wanted) for s in stacks), (field, wanted)
+    assert_forward_last(stacks)
+
+
+def assert_forward_last(stacks: list[dict[str, Any]]) -> None:
+    """docs/faults.md K1: no forward-compatibility stack ranks above a native or
+    minor-version one (README, ranking policy)."""
+    modes = [s["compat"] for s in stacks]
+    if "forward" in modes:
+        first = modes.index("forward")
+        assert all(mode == "forward" for mode in modes[first:]), modes
 
 
 def test_there_are_enough_cases() -> None:

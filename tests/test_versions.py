@@ -43,6 +43,39 @@ def test_driver_full_keeps_nvidia_two_digit_fields() -> None:
     assert str(DriverVersion.parse("450.36.6")) == "450.36.6"
 
 
+@pytest.mark.parametrize("text", ["535.104.05", "550.144.03", "570.26", "550", "580.65.06"])
+def test_driver_text_is_kept_and_compared_numerically(text: str) -> None:
+    """docs/faults.md K2: the text as written; order and equality on the numbers."""
+    driver = DriverVersion.parse(text)
+    assert str(driver) == driver.full() == driver.text == text
+    parts = tuple(int(p) for p in text.split("."))
+    assert driver.parts == parts
+    unpadded = DriverVersion.parse(".".join(map(str, parts)))
+    assert unpadded == driver and hash(unpadded) == hash(driver)
+    assert DriverVersion(*parts).text == text  # built from numbers: NVIDIA's two-digit fields
+
+
+def test_driver_order_is_numeric_not_textual() -> None:
+    assert DriverVersion.parse("535.104.05") > DriverVersion.parse("535.86.09")
+    assert DriverVersion.parse("550.144.03") > DriverVersion.parse("550.54.15")
+    assert not DriverVersion.parse("535.54.03").satisfies(DriverVersion.parse("535.104.05"))
+
+
+def test_partial_driver_and_its_oldest_build() -> None:
+    assert DriverVersion.parse("550").partial and DriverVersion.parse("550.54").partial
+    assert not DriverVersion.parse("550.54.15").partial
+    lowest = DriverVersion.parse("550").oldest()
+    assert lowest.parts == (550, 0, 0)
+    assert not lowest.satisfies(DriverVersion.parse("550.54.14"))
+    assert lowest.satisfies(DriverVersion.parse("545.23.08"))
+
+
+@pytest.mark.parametrize("text", ["\u0665\u0665\u0660", "550.\uff15\uff14"])
+def test_driver_digits_are_ascii(text: str) -> None:
+    with pytest.raises(UsageError):
+        DriverVersion.parse(text)
+
+
 @pytest.mark.parametrize(
     ("text", "inside", "outside", "local"),
     [

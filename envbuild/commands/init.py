@@ -48,7 +48,7 @@ def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[s
 
     gpus = [_checked("--gpu", "gpus", name) for name in args.gpu]
     archs = [_checked("--arch", "archs", arch) for arch in args.arch]
-    driver = _checked("--driver", "driver", args.driver) if args.driver else None
+    driver = _checked("--driver", "driver", args.driver) if args.driver is not None else None
     note = None
     if gpus or args.host:
         rows = load_matrix(args, env).rows("gpus")

@@ -149,7 +149,7 @@ def _plans(args: argparse.Namespace, project: Project | None) -> list[_Plan]:
 
 def _merged(args: argparse.Namespace, project: Project, target: Target) -> argparse.Namespace:
     ns = argparse.Namespace(**vars(args))
-    if not (args.driver or args.host):
+    if args.driver is None and not args.host:  # --driver "" is refused later, not replaced
         ns.driver = target.driver
     if not (args.gpu or args.arch or args.host):
         ns.gpu, ns.arch = list(target.gpus), list(target.archs)

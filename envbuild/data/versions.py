@@ -45,19 +45,31 @@ def _tail(parts: list[str]) -> tuple[int | None, int | None]:
 
 
 class DriverVersion:
-    """An NVIDIA Linux driver version; ``minor``/``patch`` are None when not given."""
+    """An NVIDIA Linux driver version; ``minor``/``patch`` are None when not given.
 
-    __slots__ = ("branch", "minor", "parts", "patch")
+    ``text`` is the version as written (``535.104.05``, never ``535.104.5``): what every
+    output prints. Comparison and equality are numeric, on the components."""
+
+    __slots__ = ("branch", "minor", "parts", "patch", "text")
     branch: int
     minor: int | None
     patch: int | None
     parts: tuple[int, ...]  # the components given; computed once, the resolver compares often
+    text: str
 
-    def __init__(self, branch: int, minor: int | None = None, patch: int | None = None) -> None:
+    def __init__(self, branch: int, minor: int | None = None, patch: int | None = None,
+                 text: str | None = None) -> None:
         object.__setattr__(self, "branch", branch)
         object.__setattr__(self, "minor", minor)
         object.__setattr__(self, "patch", patch)
         object.__setattr__(self, "parts", tuple(p for p in (branch, minor, patch) if p is not None))
+        if text is None:  # built from numbers: as NVIDIA writes them, two-digit fields
+            text = f"{branch}"
+            if minor is not None:
+                text += f".{minor:02d}"
+            if patch is not None:
+                text += f".{patch:02d}"
+        object.__setattr__(self, "text", text)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")  # frozen, like the dataclass was
@@ -65,11 +77,23 @@ class DriverVersion:
     @classmethod
     def parse(cls, text: str) -> DriverVersion:
         parts = text.split(".")
-        if not (len(parts) <= 3 and _digits(parts[0], 3, 3)
+        if not (text.isascii() and len(parts) <= 3 and _digits(parts[0], 3, 3)
                 and all(_digits(p, 1, 3) for p in parts[1:])):
             raise _usage(f"invalid driver version {text!r}",
-                         "give the NVIDIA driver as 550, 550.54 or 550.54.15")
-        return cls(int(parts[0]), *_tail(parts))
+                         "give the NVIDIA driver as nvidia-smi prints it: 550, 550.54 or 550.54.15")
+        return cls(int(parts[0]), *_tail(parts), text=text)
+
+    @property
+    def partial(self) -> bool:
+        """Fewer than three components: ``550`` names a branch, ``550.54`` a minor."""
+        return self.patch is None
+
+    def oldest(self) -> DriverVersion:
+        """The lowest build this (partial) version can name: ``550`` → 550.0.0, as a bound.
+
+        No build of branch 550 is older than 550.0.0, so whatever it runs, every 550 build
+        runs. Never printed: a bound, not a driver NVIDIA released."""
+        return DriverVersion(self.branch, self.minor or 0, self.patch or 0)
 
     def satisfies(self, minimum: DriverVersion) -> bool:
         """True when this driver is at least ``minimum``.
@@ -113,19 +137,16 @@ class DriverVersion:
         return not self < other
 
     def __repr__(self) -> str:
-        return f"DriverVersion(branch={self.branch!r}, minor={self.minor!r}, patch={self.patch!r})"
+        return (f"DriverVersion(branch={self.branch!r}, minor={self.minor!r}, "
+                f"patch={self.patch!r}, text={self.text!r})")
 
     def __str__(self) -> str:
-        return ".".join(str(p) for p in self.parts)
+        return self.text
 
     def full(self) -> str:
-        """NVIDIA writes patch numbers with two digits (550.54.15, 450.36.06)."""
-        text = f"{self.branch}"
-        if self.minor is not None:
-            text += f".{self.minor:02d}"
-        if self.patch is not None:
-            text += f".{self.patch:02d}"
-        return text
+        """The version as written (NVIDIA writes patch numbers with two digits: 550.54.15,
+        450.36.06); the same as ``str``."""
+        return self.text
 
 
 def parse_version(kind: str, text: str) -> Version:

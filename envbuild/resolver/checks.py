@@ -44,7 +44,7 @@ def check_user_constraints(family: Family, ask: Request, ix: Index) -> Rejection
         return reject("torch", f"variant {row['variant']} is not +{ask.torch.local}")
     if ask.variant not in (None, "default") and ask.variant != row["variant"]:
         return reject("variant", f"variant {row['variant']} is not --variant {ask.variant}")
-    if ask.variant is None and row["variant"] == "cpu":
+    if ask.variant is None and row["variant"] == "cpu" and not ask.cpu_host:
         return reject("variant", "CPU-only wheel (ask with --variant cpu)")
     cuda = ask.cuda
     if cuda and (row["cuda"] is None or not any(

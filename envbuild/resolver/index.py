@@ -38,7 +38,7 @@ KEPT_FIELDS = {
     "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6  # 6: a driver keeps its text
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -96,9 +96,10 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
     }
 
 
-def _driver_parts(text: str) -> tuple[int | None, ...]:
+def _driver_parts(text: str) -> tuple[int | str | None, ...]:
+    """``DriverVersion``'s arguments: its numbers and the text as the data writes it."""
     driver = DriverVersion.parse(text)
-    return (driver.branch, driver.minor, driver.patch)
+    return (driver.branch, driver.minor, driver.patch, driver.text)
 
 
 def too_old_ubuntus(torch: str, pypi: Mapping[str, Row], ubuntus: Mapping[str, Row]) -> set[str]:

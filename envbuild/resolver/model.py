@@ -27,7 +27,7 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 PIN_FIELDS = ("cuda_runtime", "cudnn", "nccl")  # the pins a wheel record may carry
 # Field orders (the values' __slots__): the order of reprs and of the JSON a stack writes.
 REQUEST_FIELDS = ("driver", "gpus", "torch", "python", "cuda", "cudnn", "ubuntu", "variant",
-                  "flavor", "package_index")
+                  "flavor", "package_index", "cpu_host")
 STACK_FIELDS = ("torch", "torchvision", "torchaudio", "variant", "index_url", "cuda", "cudnn",
                 "nccl", "python", "ubuntu", "base_image", "base_cuda", "compat", "min_driver",
                 "flavor", "arch_list", "notes")
@@ -91,15 +91,17 @@ class Request(Value):
     variant: str | None  # "cu124", "cpu" or "default"
     flavor: Flavor
     package_index: str | None  # where "default" wheels come from
+    cpu_host: bool  # --host found no NVIDIA driver and no GPU: CPU stacks are offered first
 
     def __init__(self, *, driver: DriverVersion | None = None, gpus: tuple[GpuTarget, ...] = (),
                  torch: Requirement | None = None, python: Requirement | None = None,
                  cuda: Requirement | None = None, cudnn: Requirement | None = None,
                  ubuntu: str | None = None, variant: str | None = None,
-                 flavor: Flavor = "runtime", package_index: str | None = None) -> None:
+                 flavor: Flavor = "runtime", package_index: str | None = None,
+                 cpu_host: bool = False) -> None:
         self._set(driver=driver, gpus=tuple(gpus), torch=torch, python=python, cuda=cuda,
                   cudnn=cudnn, ubuntu=ubuntu, variant=variant, flavor=flavor,
-                  package_index=package_index)
+                  package_index=package_index, cpu_host=cpu_host)
 
 
 class Stack(Value):
@@ -164,21 +166,33 @@ class Rejection(Value):
 class DriverSummary(Value):
     """What the host driver runs."""
 
-    __slots__ = ("version", "max_cuda", "max_cuda_release", "minor_compat", "needs_newer")  # noqa: RUF023
-    version: str
+    __slots__ = ("version", "max_cuda", "max_cuda_release", "minor_compat", "needs_newer",  # noqa: RUF023
+                 "partial", "older")
+    version: str  # as written: 535.104.05, never 535.104.5
     max_cuda: str | None
     max_cuda_release: str | None
     minor_compat: str | None
     needs_newer: tuple[tuple[str, str], ...]  # (CUDA family, driver it needs)
+    partial: bool  # 550 or 550.54: read as the newest build of that branch (or minor)
+    # A partial version's builds below the first driver the newest-build reading needs:
+    # (that driver, max_cuda, max_cuda_release, minor_compat); None: every build runs the same.
+    older: tuple[str, str | None, str | None, str | None] | None
 
     def __init__(self, *, version: str, max_cuda: str | None, max_cuda_release: str | None,
-                 minor_compat: str | None, needs_newer: tuple[tuple[str, str], ...] = ()) -> None:
+                 minor_compat: str | None, needs_newer: tuple[tuple[str, str], ...] = (),
+                 partial: bool = False,
+                 older: tuple[str, str | None, str | None, str | None] | None = None) -> None:
         self._set(version=version, max_cuda=max_cuda, max_cuda_release=max_cuda_release,
-                  minor_compat=minor_compat, needs_newer=needs_newer)
+                  minor_compat=minor_compat, needs_newer=needs_newer, partial=partial, older=older)
 
     def to_json(self) -> dict[str, Any]:
+        older = self.older
         return {"version": self.version, "max_cuda": self.max_cuda,
-                "max_cuda_release": self.max_cuda_release, "minor_compat": self.minor_compat}
+                "max_cuda_release": self.max_cuda_release, "minor_compat": self.minor_compat,
+                "partial": self.partial,
+                "older_builds": None if older is None else {
+                    "below": older[0], "max_cuda": older[1], "max_cuda_release": older[2],
+                    "minor_compat": older[3]}}
 
 
 class Resolution(Value):

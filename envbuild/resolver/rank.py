@@ -13,10 +13,15 @@ COMPAT_ORDER: dict[str | None, int] = {"native": 0, "minor-version": 1, "forward
 _NO_CUDA = (0, 1)  # newest_first((0,)): a CPU wheel ranks after every CUDA variant
 
 
-def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = None) -> tuple[Any, ...]:
-    """Best first: the newest torch; native before minor-version before forward
-    compatibility; the newest CUDA variant; the newest Ubuntu; the newest Python; then the
-    variant name, so that ties always break the same way and output is deterministic.
+def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = None, *,
+             cpu_first: bool = False) -> tuple[Any, ...]:
+    """Best first: every forward-compatibility stack after every native and minor-version
+    one (it needs the extra cuda-compat package and runs on datacenter GPUs only); then the
+    newest torch; native before minor-version; the newest CUDA variant; the newest Ubuntu;
+    the newest Python; then the variant name, so that ties always break the same way and
+    output is deterministic.
+
+    ``cpu_first`` (``--host`` found no NVIDIA driver or GPU): the CPU stacks before all.
 
     ``release``: version text → its release tuple. The resolver passes its index's
     (precomputed, no ``packaging`` at start-up); by default ``packaging`` parses it."""
@@ -30,6 +35,8 @@ def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = No
         return (*(-part for part in release(text)), 1)
 
     return (
+        cpu_first and stack.cuda is not None,
+        stack.compat == "forward",
         newest_first(stack.torch),
         COMPAT_ORDER[stack.compat],
         newest_first(stack.cuda) if stack.cuda else _NO_CUDA,
@@ -39,7 +46,8 @@ def rank_key(stack: Stack, release: Callable[[str], tuple[int, ...]] | None = No
     )
 
 
-def ranked(stacks: Iterable[Stack], release: Callable[[str], tuple[int, ...]]) -> list[Stack]:
+def ranked(stacks: Iterable[Stack], release: Callable[[str], tuple[int, ...]], *,
+           cpu_first: bool = False) -> list[Stack]:
     """``stacks`` best first, each version text parsed once (a few dozen of them)."""
     seen: dict[str, tuple[int, ...]] = {}
 
@@ -49,4 +57,4 @@ def ranked(stacks: Iterable[Stack], release: Callable[[str], tuple[int, ...]]) -
             found = seen[text] = release(text)
         return found
 
-    return sorted(stacks, key=lambda stack: rank_key(stack, once))
+    return sorted(stacks, key=lambda stack: rank_key(stack, once, cpu_first=cpu_first))

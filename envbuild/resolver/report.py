@@ -63,13 +63,20 @@ def resolution_text(request: Request, resolution: Resolution, *, top: int, expla
 
 def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
     summary = resolution.driver
-    if summary is None:
+    if summary is None and request.cpu_host:
+        yield ("No NVIDIA driver or GPU found on this host (--host): CPU stacks first; a CUDA "
+               "stack's min_driver says the driver it needs.")
+    elif summary is None:
         yield ("No driver given (--driver or --host): no driver constraint; each stack's "
                "min_driver says what it needs.")
     else:
-        native = (f"CUDA <= {summary.max_cuda} natively (newest release {summary.max_cuda_release})"
-                  if summary.max_cuda else "no CUDA release natively")
-        yield f"Driver {summary.version} runs {native}."
+        native = _natively(summary.max_cuda, summary.max_cuda_release)
+        if summary.partial:
+            yield (f"Driver {summary.version}: read as the newest {summary.version} build, "
+                   f"which runs {native}.")
+            yield _older_line(summary.version, summary.older, summary.minor_compat)
+        else:
+            yield f"Driver {summary.version} runs {native}."
         if summary.minor_compat:
             yield (f"  CUDA {summary.minor_compat} also through minor-version compatibility "
                    "(caveat: PTX newer than the driver cannot be JIT-compiled; features that "
@@ -79,6 +86,26 @@ def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
     for gpu in request.gpus:
         kind = {True: "datacenter", False: "consumer/workstation", None: "kind unknown"}
         yield f"GPU: {gpu.label} ({gpu.sm}, {kind[gpu.datacenter]})"
+
+
+def _natively(max_cuda: str | None, release: str | None) -> str:
+    return (f"CUDA <= {max_cuda} natively (newest release {release})" if max_cuda
+            else "no CUDA release natively")
+
+
+def _older_line(version: str, older: tuple[str, str | None, str | None, str | None] | None,
+                minor: str | None) -> str:
+    """What the oldest builds of a partial version run, from the data's toolkit drivers."""
+    if older is None:
+        return (f"  Every {version} build runs the same: no toolkit driver or compatibility "
+                "floor in the data falls among them.")
+    below, max_cuda, release, older_minor = older
+    line = (f"  The data records no oldest {version} build: {version} builds older than "
+            f"{below} run {_natively(max_cuda, release)}")
+    if older_minor != minor:
+        line += (f", CUDA {older_minor} through minor-version compatibility" if older_minor
+                 else ", none through minor-version compatibility")
+    return line + "; give the full version (nvidia-smi) for an exact answer."
 
 
 def _needs_newer(needs: Sequence[tuple[str, str]], minor: str | None) -> Iterable[tuple[str, str]]:

@@ -46,5 +46,6 @@ def resolve(request: Request, data: Matrix | Index) -> Resolution:
             rejected.append(result.renamed(family.label) if conflicts else result)
         else:
             stacks.append(result)
-    return Resolution(stacks=tuple(ranked(stacks, ix.release)), rejected=tuple(rejected),
-                      driver=summary, global_conflicts=tuple(conflicts))
+    return Resolution(stacks=tuple(ranked(stacks, ix.release, cpu_first=request.cpu_host)),
+                      rejected=tuple(rejected), driver=summary,
+                      global_conflicts=tuple(conflicts))

@@ -8,6 +8,12 @@ Compatibility modes, strongest first:
   driver runs natively, because a newer image's NVIDIA_REQUIRE_CUDA refuses to start;
 - forward: datacenter GPUs only, through the cuda-compat package, on the driver
   branches NVIDIA lists for it.
+
+One minimum driver per CUDA release x.y, everywhere (a stack's ``min_driver``, a
+rejection's "needs driver >=", the header's "needs driver >=", the upgrade fix): the
+toolkit driver of its oldest release in cuda_toolkits.yaml, the GA (CUDA 13.0: 580.65.06,
+not 13.0 Update 2's 580.95.05). A base image of a later update of x.y starts on it too:
+its NVIDIA_REQUIRE_CUDA asks for CUDA x.y, which that driver supports.
 """
 
 from __future__ import annotations
@@ -39,23 +45,50 @@ class Runtime:
 
 
 def summarize_driver(driver: DriverVersion, ix: Index) -> DriverSummary:
-    runs = ix.native(driver)
-    native = [t for t in ix.toolkits if t in runs]
-    newest = native[0] if native else None
-    majors = sorted((m for m in ix.floors if (f := ix.floor(m)) and driver.satisfies(f)),
-                    reverse=True)
+    """What ``driver`` runs; a partial version (``550``) is read as its newest build, and
+    ``older`` says what the builds below the first driver that reading needs run (the
+    data records toolkit drivers, not every build of a branch)."""
+    newest, runs, majors = _runs(driver, ix)
     needs: dict[str, str] = {}
     for toolkit in reversed(ix.toolkits):
         family = f"{toolkit.major}.{toolkit.minor}"
         if toolkit not in runs and family not in needs:
-            needs[family] = toolkit.driver.full()
+            needs[family] = toolkit.driver.text
+    older = _older_builds(driver, ix) if driver.partial else None
     return DriverSummary(
-        version=str(driver),
+        version=driver.text,
         max_cuda=f"{newest.major}.{newest.minor}" if newest else None,
         max_cuda_release=newest.cuda if newest else None,
         minor_compat=f"{majors[0]}.x" if majors else None,
         needs_newer=tuple(needs.items()),
+        partial=driver.partial,
+        older=older,
     )
+
+
+def _runs(driver: DriverVersion, ix: Index) -> tuple[Toolkit | None, set[Toolkit], list[int]]:
+    """(the newest toolkit run natively, every one run natively, the CUDA majors whose
+    minor-version floor it meets, newest first)."""
+    runs = ix.native(driver)
+    native = [t for t in ix.toolkits if t in runs]
+    majors = sorted((m for m in ix.floors if (f := ix.floor(m)) and driver.satisfies(f)),
+                    reverse=True)
+    return (native[0] if native else None), runs, majors
+
+
+def _older_builds(driver: DriverVersion, ix: Index) -> tuple[str, str | None, str | None,
+                                                              str | None] | None:
+    """(the first driver the newest-build reading needs that the oldest possible build does
+    not, and what builds below it run: max CUDA, newest release, minor-version family);
+    None when every build the partial version names runs the same."""
+    lowest = driver.oldest()
+    thresholds = [t.driver for t in ix.toolkits] + [floor for floor, _ in ix.floors.values()]
+    splits = sorted(d for d in thresholds if driver.satisfies(d) and not lowest.satisfies(d))
+    if not splits:
+        return None
+    newest, _, majors = _runs(lowest, ix)
+    return (splits[0].text, f"{newest.major}.{newest.minor}" if newest else None,
+            newest.cuda if newest else None, f"{majors[0]}.x" if majors else None)
 
 
 def check_driver(family: Family, ask: Request, ix: Index) -> Runtime | Rejection:
@@ -72,14 +105,14 @@ def check_driver(family: Family, ask: Request, ix: Index) -> Runtime | Rejection
     if driver is None and ceiling is not None:
         # A retired GPU caps the driver: judge the family on the newest driver it supports.
         driver = DriverVersion(ceiling)
+    first = releases[-1]  # the CUDA release's minimum driver: its oldest release's (GA)
     if driver is None:
-        newest = releases[0]
-        need = max(newest.driver, DriverVersion(gpu_floor)) if gpu_floor else newest.driver
-        return Runtime("native", [t.cuda for t in releases], need, newest.source)
+        need = max(first.driver, DriverVersion(gpu_floor)) if gpu_floor else first.driver
+        return Runtime("native", [t.cuda for t in releases], need, first.source)
     runs = ix.native(driver)
     native = [t for t in releases if t in runs]
     if native:
-        return Runtime("native", [t.cuda for t in native], native[0].driver, native[0].source)
+        return Runtime("native", [t.cuda for t in native], first.driver, first.source)
     result = _minor_or_forward(family, ask, ix, releases, driver)
     if isinstance(result, Rejection) and ask.driver is None and ceiling is not None:
         gpu = next(g for g in ask.gpus if g.last_driver_branch == ceiling)
@@ -116,7 +149,7 @@ def _minor_or_forward(family: Family, ask: Request, ix: Index, releases: list[To
     major = releases[0].major
     floor = ix.floor(major)
     oldest = releases[-1]
-    why = f"CUDA {row['cuda']} needs driver >= {oldest.driver.full()} (host: {driver})"
+    why = f"CUDA {row['cuda']} needs driver >= {oldest.driver.text} (host: {driver.text})"
     if floor is not None and driver.satisfies(floor):
         ptx_only = _ptx_only(ask.gpus, ix.arch(row.get("arch_list", ()))) if ask.gpus else []
         if ptx_only:
@@ -131,7 +164,7 @@ def _minor_or_forward(family: Family, ask: Request, ix: Index, releases: list[To
             and driver.branch in forward[0]):
         return Runtime("forward", [t.cuda for t in releases], DriverVersion(driver.branch), forward[1])
     if floor is not None:
-        why += f"; minor-version compatibility needs >= {floor.full()}"
+        why += f"; minor-version compatibility needs >= {floor.text}"
     return Rejection(family=family.label, constraint="driver", reason=why, source=oldest.source)
 
 

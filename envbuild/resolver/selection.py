@@ -66,7 +66,9 @@ class Selectors:
 
 def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> Request:
     """The request ``args`` make, validated (``matrix``: a Matrix or the resolver's index)."""
-    driver = DriverVersion.parse(args.driver) if args.driver else None
+    # "" is not "no driver": an empty --driver is an invalid one (exit 2), as is any text
+    # NVIDIA would not write.
+    driver = DriverVersion.parse(args.driver) if args.driver is not None else None
     if driver is not None:
         check_known_branch(driver, matrix)
     gpus: list[GpuTarget] = []
@@ -77,8 +79,12 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         gpus = [find_gpu(rows, name, keys) for name in args.gpu]
         gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
                  for arch in args.arch]
+    cpu_host = False
     if args.host:
         host_driver, host_gpus = host_targets(matrix, env)
+        # Nothing found and nothing named: a machine without an NVIDIA GPU, which runs the
+        # CPU wheels (offered first); the CUDA stacks follow, each with the driver it needs.
+        cpu_host = host_driver is None and not host_gpus and driver is None and not gpus
         if driver is None:
             driver = host_driver
         gpus += host_gpus
@@ -95,6 +101,7 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         variant=_variant(args.variant),
         flavor=args.flavor,
         package_index=args.index_url or env.get("PIP_INDEX_URL") or None,
+        cpu_host=cpu_host,
     )
 
 

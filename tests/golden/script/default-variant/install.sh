@@ -18,7 +18,7 @@ readonly PYTHON_VERSION=3.10
 readonly STACK_UBUNTU=22.04
 readonly PYTHON_PROVISION=distro
 readonly CUDA_VERSION=12.8.90
-readonly MIN_DRIVER=570.124.06
+readonly MIN_DRIVER=570.26
 readonly DRIVER_BRANCH=570
 readonly TOOLKIT_PACKAGE=cuda-toolkit-12-8
 readonly -a TORCH_PINS=(nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.8.93 nvidia-nvshmem-cu12==3.4.5 nvidia-nvtx-cu12==12.8.90 torch==2.10.0 torchaudio==2.10.0 torchvision==0.25.0)
