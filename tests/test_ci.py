@@ -549,3 +549,22 @@ def test_resolve_does_not_import_ci() -> None:
 def test_cuda_groups_sort_numerically() -> None:
     names = ["cpu", "cuda12", "cuda9", "gpu", "cuda11"]
     assert sorted(names, key=bake._group_order) == ["cuda9", "cuda11", "cuda12", "cpu", "gpu"]
+
+
+def test_action_pins_are_not_in_the_locks_matrices_digest(tmp_path: Path) -> None:
+    """Refreshing ci_actions.yaml leaves every lock current (lock --check compares the matrices
+    digest); the parsed-rows cache still sees the new rows."""
+    data = tmp_path / "matrices"
+    shutil.copytree(matrixmod.default_directory({}), data)
+    (data / "manifest.json").unlink(missing_ok=True)
+    cache = tmp_path / "cache"
+    before = matrixmod.load(data, cache_dir=cache)
+    path = data / "ci_actions.yaml"
+    path.write_text(path.read_text().replace('version: "v7.0.1"', 'version: "v7.0.0"', 1))
+    matrixmod.load.cache_clear()
+    after = matrixmod.load(data, cache_dir=cache)
+    assert after.digest == before.digest
+    assert dict((a, v) for a, v, _ in ci.pinned_actions(after))["actions/checkout"] == "v7.0.0"
+    (data / "ubuntu_python.yaml").write_text((data / "ubuntu_python.yaml").read_text() + "\n")
+    matrixmod.load.cache_clear()
+    assert matrixmod.load(data, cache_dir=cache).digest != before.digest
