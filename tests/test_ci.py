@@ -297,7 +297,8 @@ def test_missing_action_row_is_a_data_error(matrix: matrixmod.Matrix) -> None:
 
 
 def test_ci_actions_rows_are_checked(tmp_path: Path) -> None:
-    """A short SHA, a tag that is no release, an action without owner: each one problem."""
+    """A short SHA, a tag that is no release, an action without owner, a version bumped
+    without its source: each one problem."""
     data = tmp_path / "matrices"
     shutil.copytree(matrixmod.default_directory({}), data)
     (data / "manifest.json").unlink(missing_ok=True)
@@ -305,12 +306,15 @@ def test_ci_actions_rows_are_checked(tmp_path: Path) -> None:
     text = text.replace("sha: 3d3c42e5aac5ba805825da76410c181273ba90b1", "sha: 3d3c42e", 1)
     text = text.replace('version: "v4.1.0"', 'version: "main"', 1)
     text = text.replace("action: sigstore/cosign-installer", "action: cosign-installer", 1)
+    text = text.replace('version: "v6.2.0"', 'version: "v6.3.0"', 1)
     (data / "ci_actions.yaml").write_text(text)
     with pytest.raises(DataError) as info:
         matrixmod.load(data)
     problems = [p for p in info.value.details if p.startswith("ci_actions.yaml")]
-    assert len(problems) == 3, problems
+    assert len(problems) == 4, problems
     assert any("sha must be a full 40-hex commit SHA" in p for p in problems)
+    assert any("source must be https://github.com/docker/metadata-action/tree/v6.3.0" in p
+               for p in problems)
 
 
 def test_private_registry_and_runner_labels(outputs: dict[str, dict[str, bytes]]) -> None:
@@ -560,7 +564,7 @@ def test_action_pins_are_not_in_the_locks_matrices_digest(tmp_path: Path) -> Non
     cache = tmp_path / "cache"
     before = matrixmod.load(data, cache_dir=cache)
     path = data / "ci_actions.yaml"
-    path.write_text(path.read_text().replace('version: "v7.0.1"', 'version: "v7.0.0"', 1))
+    path.write_text(path.read_text().replace("v7.0.1", "v7.0.0", 2))
     matrixmod.load.cache_clear()
     after = matrixmod.load(data, cache_dir=cache)
     assert after.digest == before.digest

@@ -303,6 +303,10 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"torch {r['torch']} is not in torch_pypi.yaml")
     check("torch_wheels", lambda r: None if set(r["nvidia_bytes"]) <= set(r["nvidia"]) else
           "nvidia_bytes names a package that nvidia does not pin")
+    # An action's row cites the tag it was read from: a row edited in one field only shows.
+    check("ci_actions", lambda r: None if r["source"] ==
+          f"https://github.com/{r['action']}/tree/{r['version']}" else
+          f"source must be https://github.com/{r['action']}/tree/{r['version']}, the tag read")
     problems.extend(_duplicate_keys(relations))
     return problems
 
