@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from envbuild.commands.options import (
 )
 
 if TYPE_CHECKING:
+    from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
     from envbuild.render.ci import CiOptions, CiStack
 
@@ -29,7 +31,7 @@ def add_commands(commands: Any) -> None:
     from envbuild.render.bake import render_bake
     from envbuild.render.github import render_github
 
-    p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.hcl")
+    p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.json")
     sub = p.add_subparsers(dest="ci_target", metavar="TARGET", required=True,
                            parser_class=Parser)
     g = sub.add_parser("github", help="a workflow: matrix build, push, verify on a GPU runner")
@@ -37,8 +39,13 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--gpu-runner-label", action="append", default=[], metavar="LABEL",
                    help="label of the self-hosted GPU runner (repeatable; default: gpu)")
     g.add_argument("--branch", default="main", help="push images from this branch (default main)")
+    g.add_argument("--cache", choices=("registry", "gha"), default="registry",
+                   help="build cache: beside the image in the registry (default) or GitHub's "
+                        "Actions cache (10 GB per repository)")
+    g.add_argument("--sign", action="store_true",
+                   help="sign each promoted digest with cosign, keyless (OIDC id-token)")
     g.set_defaults(run=_command(render_github))
-    b = sub.add_parser("bake", help="a docker-bake.hcl: a target per stack, groups per CUDA major")
+    b = sub.add_parser("bake", help="a docker-bake.json: a target per stack, groups per CUDA major")
     _add_common(b)
     b.set_defaults(run=_command(render_bake))
 
@@ -56,10 +63,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--force", action="store_true", help="replace a non-empty output directory")
 
 
-def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStack], list[str]]:
+def _plan(args: argparse.Namespace, env: Mapping[str, str],
+          matrix: Matrix) -> tuple[list[CiStack], list[str]]:
     from envbuild.render.ci import select_stacks
 
-    matrix = load_matrix(args, env)
     request, resolution = resolve_stacks(args, env, matrix)
     return select_stacks(resolution.stacks, matrix, top=args.top, index_url=args.index_url,
                          package_index=request.package_index)
@@ -67,13 +74,17 @@ def _plan(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[CiStac
 
 def _command(render: Render) -> Command:
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        from envbuild.render.ci import parse_ci_options
+        from envbuild.render.ci import parse_ci_options, pinned_actions
         from envbuild.render.output import write_output
 
         options = parse_ci_options(registry=args.registry,
                                    runner_labels=getattr(args, "gpu_runner_label", ()),
-                                   labels=args.label, branch=getattr(args, "branch", "main"))
-        stacks, skipped = _plan(args, env)
+                                   labels=args.label, branch=getattr(args, "branch", "main"),
+                                   cache=getattr(args, "cache", "registry"),
+                                   sign=getattr(args, "sign", False))
+        matrix = load_matrix(args, env)
+        options = replace(options, actions=pinned_actions(matrix))
+        stacks, skipped = _plan(args, env, matrix)
         write_output(render(stacks, options), Path(args.output), force=args.force)
         count = f"{len(stacks)} stack{'s' if len(stacks) != 1 else ''}"
         out(f"wrote {args.output}/ with {count}: {', '.join(s.id for s in stacks)}")

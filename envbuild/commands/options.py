@@ -17,7 +17,7 @@ from envbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
-    from envbuild.render.docker import RenderOptions
+    from envbuild.render.docker import Provenance, RenderOptions
     from envbuild.render.lock import Lock
     from envbuild.resolver.model import Request, Resolution
 
@@ -100,6 +100,12 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
     p.add_argument("--wheelhouse", metavar="DIR",
                    help="wheels copied into the context and preferred (air-gapped builds)")
+    p.add_argument("--revision", metavar="SHA",
+                   help="source commit for the org.opencontainers.image.revision label "
+                        "(default: $GITHUB_SHA)")
+    p.add_argument("--source", metavar="URL",
+                   help="source repository for the org.opencontainers.image.source label "
+                        "(default: $GITHUB_SERVER_URL/$GITHUB_REPOSITORY)")
 
 
 def add_output_dir(p: argparse.ArgumentParser) -> None:
@@ -117,18 +123,38 @@ def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
     return matrix.load(directory, cache_dir=matrix.cache_directory(env))
 
 
-def render_options(args: argparse.Namespace) -> RenderOptions:
+def render_options(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RenderOptions:
     """The image options, validated. The torch index comes from the stack; --index-url /
     $PIP_INDEX_URL only replace it for the 'default' variant, where the stack has none
-    (it means pip's configured index)."""
+    (it means pip's configured index). With ``env``, the image's provenance labels."""
     from envbuild.render.docker import parse_options
 
     return parse_options(
+        provenance=None if env is None else provenance(args, env),
         base_image=args.base_image, index_url=args.index_url,
         python_url=args.python_url, python_sha256=args.python_sha256,
         ca_bundle=getattr(args, "ca_bundle", None), apt_packages=args.apt_package,
         pip_packages=args.pip_package, env=args.env, user=args.user,
         wheelhouse=getattr(args, "wheelhouse", None), companions=args.companions)
+
+
+def provenance(args: argparse.Namespace, env: Mapping[str, str]) -> Provenance | None:
+    """created from $SOURCE_DATE_EPOCH (never the clock); revision and source from --revision
+    and --source, else from a GitHub Actions run's $GITHUB_SHA and
+    $GITHUB_SERVER_URL/$GITHUB_REPOSITORY; each left out when unknown."""
+    from envbuild.render.docker import parse_provenance
+
+    revision = getattr(args, "revision", None)
+    source = getattr(args, "source", None)
+    revision_from, source_from = "--revision", "--source"
+    if revision is None and env.get("GITHUB_SHA"):
+        revision, revision_from = env["GITHUB_SHA"], "$GITHUB_SHA"
+    if source is None and env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY"):
+        source = f"{env['GITHUB_SERVER_URL'].rstrip('/')}/{env['GITHUB_REPOSITORY']}"
+        source_from = "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY"
+    return parse_provenance(revision=revision, source=source,
+                            source_date_epoch=env.get("SOURCE_DATE_EPOCH"),
+                            revision_from=revision_from, source_from=source_from)
 
 
 def reject_image_options(args: argparse.Namespace, *, kind: str) -> None:

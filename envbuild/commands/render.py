@@ -70,7 +70,7 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lo
     from envbuild.render.lockset import read_lockset
 
     matrix = load_matrix(args, env)
-    options = render_options(args)
+    options = render_options(args, env)
     if not args.lock:
         if args.target:
             raise UsageError("--target selects a target of --lock FILE")

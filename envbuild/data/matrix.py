@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from envbuild.data.relations import MANIFEST as MANIFEST
+from envbuild.data.relations import NOT_RESOLVED
 from envbuild.data.relations import RELATIONS as RELATIONS
 from envbuild.data.relations import Row as Row
 
@@ -117,13 +118,14 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
     files = _settled_files(directory)
-    digest = _digest(files)
-    relations = _read_json_cache(cache_dir, digest)
+    key = _digest(files)  # the cache's: every file
+    relations = _read_json_cache(cache_dir, key)
     if relations is None:
         from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
 
         relations = parse_all(files)
-        _write_json_cache(cache_dir, digest, relations)
+        _write_json_cache(cache_dir, key, relations)
+    digest = _digest({name: data for name, data in files.items() if name not in NOT_RESOLVED})
     return Matrix(directory=directory, relations=relations, digest=digest)
 
 

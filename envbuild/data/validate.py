@@ -18,6 +18,9 @@ _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _VERSION_RE = re.compile(r"\d+(\.\d+)*")
 _DRIVER_RE = re.compile(r"\d{3}(\.\d{1,3}){0,2}")
 _CC_RE = re.compile(r"\d{1,2}\.\d")
+_ACTION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_TAG_RE = re.compile(r"v\d+(\.\d+){0,2}")
+_SHA_RE = re.compile(r"[0-9a-f]{40}")
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -199,6 +202,11 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "python": (PYTHON, True),
         "glibc": (VERSION, False),
     },
+    "ci_actions": {
+        "action": (_pattern(_ACTION_RE, "an action like owner/name"), True),
+        "version": (_pattern(_TAG_RE, "a release tag like v4.1.0"), True),
+        "sha": (_pattern(_SHA_RE, "a full 40-hex commit SHA"), True),
+    },
 }
 COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": (_text, False)}
 
@@ -295,6 +303,10 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"torch {r['torch']} is not in torch_pypi.yaml")
     check("torch_wheels", lambda r: None if set(r["nvidia_bytes"]) <= set(r["nvidia"]) else
           "nvidia_bytes names a package that nvidia does not pin")
+    # An action's row cites the tag it was read from: a row edited in one field only shows.
+    check("ci_actions", lambda r: None if r["source"] ==
+          f"https://github.com/{r['action']}/tree/{r['version']}" else
+          f"source must be https://github.com/{r['action']}/tree/{r['version']}, the tag read")
     problems.extend(_duplicate_keys(relations))
     return problems
 
@@ -351,6 +363,7 @@ _KEYS = {
     "torch_companions": ("torch",),
     "cuda_images": ("cuda", "ubuntu"),
     "ubuntu_python": ("ubuntu",),
+    "ci_actions": ("action",),
 }
 
 

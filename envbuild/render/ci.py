@@ -2,7 +2,7 @@
 
 The resolver's top N stacks each become one lock and one build context, rendered by
 ``render.docker`` exactly as ``render docker`` would, under ``stacks/<id>/``. Around them
-``render.github`` writes a GitHub Actions workflow and ``render.bake`` a docker-bake.hcl.
+``render.github`` writes a GitHub Actions workflow and ``render.bake`` a docker-bake.json.
 Every user string is validated here, before anything is rendered.
 """
 
@@ -37,6 +37,18 @@ class CiOptions:
     runner_labels: tuple[str, ...] = ("gpu",)  # besides self-hosted
     labels: tuple[tuple[str, str], ...] = ()
     branch: str = "main"
+    cache: str = "registry"  # the build cache: "registry" (beside the image) or "gha"
+    sign: bool = False  # keyless cosign signature of each promoted digest
+    # action -> (release tag, commit SHA), from matrices/ci_actions.yaml
+    actions: tuple[tuple[str, str, str], ...] = ()
+
+
+CACHES = ("registry", "gha")
+
+
+def pinned_actions(matrix: Matrix) -> tuple[tuple[str, str, str], ...]:
+    """(action, tag, sha) per row of the ci_actions relation, sorted by action."""
+    return tuple(sorted((r["action"], r["version"], r["sha"]) for r in matrix.rows("ci_actions")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,8 +77,13 @@ class CiStack:
 
 
 def parse_ci_options(*, registry: str, runner_labels: Sequence[str] = (),
-                     labels: Sequence[str] = (), branch: str = "main") -> CiOptions:
+                     labels: Sequence[str] = (), branch: str = "main", cache: str = "registry",
+                     sign: bool = False,
+                     actions: Sequence[tuple[str, str, str]] = ()) -> CiOptions:
+    if cache not in CACHES:
+        raise UsageError(f"invalid --cache {cache!r}", hint=f"one of {', '.join(CACHES)}")
     return CiOptions(
+        cache=cache, sign=sign, actions=tuple(actions),
         registry=check_registry(registry),
         runner_labels=tuple(dict.fromkeys(
             check_runner_label(v) for v in (runner_labels or ["gpu"]) if v != "self-hosted")),

@@ -57,6 +57,47 @@ class RenderOptions:
     user: str = "envbuild"
     wheelhouse: tuple[Path, ...] = ()  # the wheels of --wheelhouse DIR, sorted by name
     companions: bool = True
+    provenance: Provenance | None = None  # OCI created/revision/source labels, when known
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provenance:
+    """Where and when an image comes from, for its OCI labels; each part only when known.
+    Never the wall clock: ``created`` is SOURCE_DATE_EPOCH's instant, so renders stay
+    deterministic."""
+
+    created: str | None = None  # RFC 3339, UTC
+    revision: str | None = None  # the source's commit
+    source: str | None = None  # the source repository's URL
+
+
+_REVISION_RE = re.compile(r"[0-9a-f]{7,64}", re.ASCII)
+_MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def parse_provenance(*, revision: str | None = None, source: str | None = None,
+                     source_date_epoch: str | None = None, revision_from: str = "--revision",
+                     source_from: str = "--source") -> Provenance | None:
+    """Validated labels' values; None when none is known. ``*_from`` name where a value
+    came from, for the error."""
+    created = None
+    if source_date_epoch is not None and source_date_epoch != "":
+        if not source_date_epoch.isdigit() or not source_date_epoch.isascii() or \
+                int(source_date_epoch) > _MAX_EPOCH:
+            raise UsageError(f"invalid SOURCE_DATE_EPOCH {source_date_epoch!r}",
+                             hint="seconds since 1970-01-01 UTC, a non-negative integer")
+        import datetime
+
+        instant = datetime.datetime.fromtimestamp(int(source_date_epoch), tz=datetime.timezone.utc)
+        created = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if revision is not None and not _REVISION_RE.fullmatch(revision):
+        raise UsageError(f"invalid {revision_from} {revision!r}",
+                         hint="a commit id: 7 to 64 lowercase hex digits")
+    if source is not None:
+        source = check_url(source, source_from)
+    if created is None and revision is None and source is None:
+        return None
+    return Provenance(created=created, revision=revision, source=source)
 
 
 def parse_options(
@@ -72,6 +113,7 @@ def parse_options(
     user: str = "envbuild",
     wheelhouse: str | None = None,
     companions: bool = True,
+    provenance: Provenance | None = None,
 ) -> RenderOptions:
     """Validate raw user strings into RenderOptions; UsageError names the bad field."""
     if (python_url is None) != (python_sha256 is None):
@@ -91,6 +133,7 @@ def parse_options(
         user=check_user_name(user, "--user"),
         wheelhouse=() if wheelhouse is None else _wheels(wheelhouse),
         companions=companions,
+        provenance=provenance,
     )
 
 
@@ -214,10 +257,18 @@ def required_cuda(stack: Stack) -> str | None:
     return f"{stack.cuda.split('.')[0]}.0"
 
 
-def labels(lock: Lock) -> list[tuple[str, str]]:
+def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, str]]:
+    """The image's labels, quoted: the OCI set and envbuild's own. A value that is not known
+    is left out, never written empty. ``version`` is the packaged software's: torch's version
+    and wheel variant (as PyTorch's own local versions, 2.4.1+cu121)."""
     s = lock.stack
+    p = provenance or Provenance()
     values = {
         "org.opencontainers.image.title": f"envbuild torch {s.torch} {s.variant}",
+        "org.opencontainers.image.version": f"{s.torch}+{s.variant}",
+        "org.opencontainers.image.created": p.created or "",
+        "org.opencontainers.image.revision": p.revision or "",
+        "org.opencontainers.image.source": p.source or "",
         "org.opencontainers.image.description":
             f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, Ubuntu {s.ubuntu}",
         "org.opencontainers.image.base.name": lock.base_image,
@@ -239,11 +290,12 @@ def labels(lock: Lock) -> list[tuple[str, str]]:
     }
     if lock.base_digest:
         values["org.opencontainers.image.base.digest"] = lock.base_digest
-    return [(key, quote(values[key])) for key in sorted(values)]
+    return [(key, quote(values[key])) for key in sorted(values) if values[key]]
 
 
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
-            peaks: bool = False, project_requirements: bool = False) -> dict[str, Any]:
+            peaks: bool = False, project_requirements: bool = False,
+            provenance: Provenance | None = None) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
     index_url = lock.index_url
@@ -261,7 +313,7 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
                       else "cuda" if s.base_cuda is not None else "ubuntu"),
         "stack_base": s.base_image,
         "flavor_image": "devel" if lock.flavor == "devel" else "base",
-        "labels": labels(lock),
+        "labels": labels(lock, provenance),
         "require_cuda": required_cuda(s),
         "ca_bundle": ca_bundle,
         # Shell-quoted: a version's '~' (or anything else) is never expanded by the RUN's shell.
@@ -309,7 +361,8 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
-                peaks=peaks is not None, project_requirements="project" in requirements))
+                peaks=peaks is not None, project_requirements="project" in requirements,
+                provenance=options.provenance))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()

@@ -1,16 +1,20 @@
 """``envbuild ci github``: a GitHub Actions workflow for the stacks under stacks/.
 
 The workflow names no stack: a first job reads ``stacks/matrix.json`` when it runs, the
-build job builds and pushes each context with layer caching, and the verify job runs the
-baked smoke test on a self-hosted GPU runner. YAML is written by ``yaml.safe_dump``.
+build job builds each context and pushes it by digest (SBOM and provenance attached), the
+verify job runs the baked smoke test of that digest on a self-hosted GPU runner, and the
+promote job tags the digest (and signs it, with ``--sign``) only when every verify passed.
+YAML is written by ``yaml.safe_dump``; the release of each pinned action is added as a comment.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from envbuild.errors import DataError
 from envbuild.render.ci import CiOptions, CiStack, context_files
 
 if TYPE_CHECKING:
@@ -18,16 +22,22 @@ if TYPE_CHECKING:
 
 WORKFLOW_PATH = ".github/workflows/envbuild.yml"
 MATRIX_PATH = "stacks/matrix.json"
-# Major tags from each action's README (checkout, setup-buildx, login, build-push).
-CHECKOUT = "actions/checkout@v7"
-SETUP_BUILDX = "docker/setup-buildx-action@v4"
-LOGIN = "docker/login-action@v4"
-BUILD_PUSH = "docker/build-push-action@v7"
+# The actions the workflow uses; each is pinned by the commit SHA matrices/ci_actions.yaml records.
+CHECKOUT = "actions/checkout"
+UPLOAD = "actions/upload-artifact"
+DOWNLOAD = "actions/download-artifact"
+SETUP_BUILDX = "docker/setup-buildx-action"
+LOGIN = "docker/login-action"
+METADATA = "docker/metadata-action"
+BUILD_PUSH = "docker/build-push-action"
+COSIGN = "sigstore/cosign-installer"
 HOSTED_RUNNER = "ubuntu-24.04"  # a pinned label: ubuntu-latest moves under the build
 # The image's CMD (templates/Dockerfile.j2); a CPU-only stack reruns it with --cpu-ok.
 SMOKE_COMMAND = "/opt/venv/bin/python /opt/envbuild/smoke.py --lock /opt/envbuild/envbuild.lock"
 # As 'envbuild verify': shared memory for DataLoader workers, no network.
 DOCKER_RUN = "docker run --rm --pull always --shm-size 2g --network none"
+_USES_RE = re.compile(r"^(?P<head>\s*(?:- )?uses: )(?P<action>[^@\s]+)@(?P<sha>[0-9a-f]{40})$",
+                      re.MULTILINE)
 
 
 def matrix_json(stacks: Sequence[CiStack]) -> bytes:
@@ -46,6 +56,15 @@ def registry_host(registry: str) -> str | None:
     return first if sep and ("." in first or ":" in first or first == "localhost") else None
 
 
+def _uses(options: CiOptions, action: str) -> str:
+    """``owner/name@<full commit SHA>``; the release tag is added as a comment on write."""
+    for name, _, sha in options.actions:
+        if name == action:
+            return f"{action}@{sha}"
+    raise DataError(f"ci_actions.yaml has no row for {action}",
+                    hint="add the action's release tag and commit SHA (matrices/README.md)")
+
+
 def _login(options: CiOptions, *, when: str | None = None) -> dict[str, Any]:
     host = registry_host(options.registry)
     if host == "ghcr.io":  # the job's own token, with the permissions granted per job
@@ -58,14 +77,17 @@ def _login(options: CiOptions, *, when: str | None = None) -> dict[str, Any]:
     step: dict[str, Any] = {"name": f"Log in to {host or 'Docker Hub'}"}
     if when is not None:
         step["if"] = when
-    return {**step, "uses": LOGIN, "with": creds}
+    return {**step, "uses": _uses(options, LOGIN), "with": creds}
 
 
-def _permissions(options: CiOptions, packages: str, *, contents: bool) -> dict[str, str]:
+def _permissions(options: CiOptions, packages: str, *, contents: bool,
+                 id_token: bool = False) -> dict[str, str]:
     """GITHUB_TOKEN reaches packages only on ghcr.io; elsewhere it needs none."""
     granted = {"contents": "read"} if contents else {}
     if registry_host(options.registry) == "ghcr.io":
         granted["packages"] = packages
+    if id_token:  # keyless signing: the job's OIDC token is the signing identity
+        granted["id-token"] = "write"
     return granted
 
 
@@ -73,20 +95,82 @@ def _lines(items: Sequence[str]) -> str:
     return "".join(f"{item}\n" for item in items)
 
 
+def _checkout(options: CiOptions) -> dict[str, Any]:
+    # No token left in .git/config for later steps to read.
+    return {"uses": _uses(options, CHECKOUT), "with": {"persist-credentials": False}}
+
+
+def _metadata(options: CiOptions) -> dict[str, Any]:
+    """Tags and labels from docker/metadata-action. The stack's own title, description and
+    version (torch version + variant, as the Dockerfile's labels) replace the repository's."""
+    labels = [f"{k}={v}" for k, v in options.labels] + [
+        "org.opencontainers.image.title=envbuild torch ${{ matrix.torch }} ${{ matrix.variant }}",
+        "org.opencontainers.image.description=PyTorch ${{ matrix.torch }} (${{ matrix.variant }})"
+        " on Python ${{ matrix.python }}, Ubuntu ${{ matrix.ubuntu }}",
+        "org.opencontainers.image.version=${{ matrix.torch }}+${{ matrix.variant }}",
+        "dev.envbuild.stack=${{ matrix.id }}"]
+    return {"id": "meta", "name": "Tags and labels", "uses": _uses(options, METADATA), "with": {
+        "images": "${{ env.IMAGE }}",
+        "tags": _lines(["type=raw,value=${{ matrix.id }}",
+                        "type=raw,value=${{ matrix.id }}-${{ github.sha }}"]),
+        "labels": _lines(labels)}}
+
+
+def _cache(options: CiOptions, pushing: str) -> dict[str, str]:
+    """A registry cache beside the image by default: CUDA layers are gigabytes, and GitHub's
+    Actions cache holds 10 GB per repository. Exported only by runs that push."""
+    if options.cache == "gha":
+        return {"cache-from": "type=gha,scope=${{ matrix.id }}",
+                "cache-to": "type=gha,mode=max,scope=${{ matrix.id }}"}
+    ref = "${{ env.IMAGE }}:cache-${{ matrix.id }}"
+    return {"cache-from": f"type=registry,ref={ref}",
+            "cache-to": f"${{{{ {pushing} && format('type=registry,ref={{0}}:cache-{{1}},mode=max', "
+                        "env.IMAGE, matrix.id) || '' }}"}
+
+
+def _download_digest(options: CiOptions) -> dict[str, Any]:
+    return {"name": "Download the digest", "uses": _uses(options, DOWNLOAD),
+            "with": {"name": "digest-${{ matrix.id }}", "path": "digests"}}
+
+
+# The digest this run pushed, read from the file the build job uploaded, checked for shape.
+_READ_DIGEST = ['digest="$(cat "digests/$STACK_ID")"',
+                'case "$digest" in sha256:*) ;; *) echo "bad digest: $digest" >&2; exit 1 ;; esac',
+                'ref="$IMAGE@$digest"']
+
+
 def workflow(options: CiOptions) -> dict[str, Any]:
     """The workflow as data. It names no stack: the matrix is read from matrix.json when the
-    workflow runs, so editing stacks/ needs no new workflow."""
+    workflow runs, so editing stacks/ needs no new workflow.
+
+    build pushes by digest only (no tag); verify runs that digest on the GPU runner; promote
+    tags it (``docker buildx imagetools create``) only after every verify job passed."""
     paths = ["stacks/**", WORKFLOW_PATH]
     matrix = "${{ fromJSON(needs.matrix.outputs.matrix) }}"
     pushing = "github.event_name != 'pull_request'"
-    image = "${{ env.IMAGE }}:${{ matrix.id }}"
-    labels = [f"{k}={v}" for k, v in options.labels] + [
-        "dev.envbuild.stack=${{ matrix.id }}",
-        "org.opencontainers.image.revision=${{ github.sha }}",
-        "org.opencontainers.image.source=${{ github.server_url }}/${{ github.repository }}"]
-    run_env = {"REF": image + "-${{ github.sha }}"}  # exactly the image this run pushed
+    stack_env = {"STACK_ID": "${{ matrix.id }}"}
     read_matrix = _lines(["{", "  echo 'matrix<<ENVBUILD_MATRIX_EOF'", f"  cat {MATRIX_PATH}",
                           "  echo 'ENVBUILD_MATRIX_EOF'", '} >> "$GITHUB_OUTPUT"'])
+    record_digest = _lines([
+        'case "$DIGEST" in sha256:*) ;; *) echo "no digest: $DIGEST" >&2; exit 1 ;; esac',
+        'mkdir -p digests', 'printf \'%s\\n\' "$DIGEST" > "digests/$STACK_ID"'])
+    promote = _lines([*_READ_DIGEST, "args=()",
+                      'while IFS= read -r tag; do [ -n "$tag" ] && args+=(--tag "$tag"); done <<< "$TAGS"',
+                      'docker buildx imagetools create "${args[@]}" "$ref"'])
+    promote_steps: list[dict[str, Any]] = [
+        _download_digest(options),
+        {"uses": _uses(options, SETUP_BUILDX)},
+        _login(options),
+        _metadata(options),
+        {"name": "Tag the verified digest", "env": {**stack_env, "TAGS": "${{ steps.meta.outputs.tags }}"},
+         "run": promote},
+    ]
+    if options.sign:
+        promote_steps += [
+            {"name": "Install cosign", "uses": _uses(options, COSIGN)},
+            {"name": "Sign the digest (keyless)", "env": stack_env,
+             "run": _lines([*_READ_DIGEST, 'cosign sign --yes "$ref"'])},
+        ]
     return {
         "name": "envbuild",
         "on": {
@@ -96,14 +180,15 @@ def workflow(options: CiOptions) -> dict[str, Any]:
                 "description": "image repository to push to (tags are the stack ids)",
                 "type": "string", "required": False, "default": options.registry}}},
         },
-        "permissions": {"contents": "read"},
+        "permissions": {},  # each job asks for what it needs
         "env": {"IMAGE": f"${{{{ inputs.image || '{options.registry}' }}}}"},
         "jobs": {
             "matrix": {
                 "name": "Read the stack matrix",
                 "runs-on": HOSTED_RUNNER, "timeout-minutes": 5,
+                "permissions": {"contents": "read"},
                 "outputs": {"matrix": "${{ steps.read.outputs.matrix }}"},
-                "steps": [{"uses": CHECKOUT},
+                "steps": [_checkout(options),
                           {"id": "read", "name": f"Read {MATRIX_PATH}", "run": read_matrix}],
             },
             "build": {
@@ -113,17 +198,27 @@ def workflow(options: CiOptions) -> dict[str, Any]:
                 "permissions": _permissions(options, "write", contents=True),
                 "strategy": {"fail-fast": False, "matrix": matrix},
                 "steps": [
-                    {"uses": CHECKOUT},
-                    {"uses": SETUP_BUILDX},  # a BuildKit builder: the gha cache needs one
+                    _checkout(options),
+                    {"uses": _uses(options, SETUP_BUILDX)},  # BuildKit: caches, attestations
                     _login(options, when=pushing),
-                    {"name": "Build and push", "uses": BUILD_PUSH, "with": {
-                        "context": "${{ matrix.context }}",
-                        "push": f"${{{{ {pushing} }}}}",
-                        "tags": _lines([image, image + "-${{ github.sha }}"]),
-                        "labels": _lines(labels),
-                        "cache-from": "type=gha,scope=${{ matrix.id }}",
-                        "cache-to": "type=gha,mode=max,scope=${{ matrix.id }}",
-                    }},
+                    _metadata(options),
+                    {"id": "build", "name": "Build and push by digest",
+                     "uses": _uses(options, BUILD_PUSH), "with": {
+                         "context": "${{ matrix.context }}",
+                         "labels": "${{ steps.meta.outputs.labels }}",
+                         # No tag yet: the image is published under a tag only once verified.
+                         "outputs": "type=image,name=${{ env.IMAGE }},push-by-digest=true,"
+                                    f"name-canonical=true,push=${{{{ {pushing} }}}}",
+                         "sbom": True,
+                         "provenance": "mode=max",
+                         **_cache(options, pushing),
+                     }},
+                    {"name": "Record the digest", "if": pushing,
+                     "env": {**stack_env, "DIGEST": "${{ steps.build.outputs.digest }}"},
+                     "run": record_digest},
+                    {"name": "Upload the digest", "if": pushing, "uses": _uses(options, UPLOAD),
+                     "with": {"name": "digest-${{ matrix.id }}", "path": "digests/${{ matrix.id }}",
+                              "if-no-files-found": "error", "retention-days": 1}},
                 ],
             },
             "verify": {
@@ -134,12 +229,24 @@ def workflow(options: CiOptions) -> dict[str, Any]:
                 "permissions": _permissions(options, "read", contents=False),
                 "strategy": {"fail-fast": False, "matrix": matrix},
                 "steps": [
+                    _download_digest(options),
                     _login(options),
-                    {"name": "Smoke test on the GPU", "if": "${{ matrix.gpu }}", "env": run_env,
-                     "run": f'{DOCKER_RUN} --gpus all "$REF"\n'},
+                    {"name": "Smoke test on the GPU", "if": "${{ matrix.gpu }}", "env": stack_env,
+                     "run": _lines([*_READ_DIGEST, f'{DOCKER_RUN} --gpus all "$ref"'])},
                     {"name": "Smoke test (CPU-only stack)", "if": "${{ !matrix.gpu }}",
-                     "env": run_env, "run": f'{DOCKER_RUN} "$REF" {SMOKE_COMMAND} --cpu-ok\n'},
+                     "env": stack_env,
+                     "run": _lines([*_READ_DIGEST, f'{DOCKER_RUN} "$ref" {SMOKE_COMMAND} --cpu-ok'])},
                 ],
+            },
+            "promote": {
+                "name": "Tag ${{ matrix.id }}",
+                # Every verify job must pass: one failing stack holds the whole fleet back.
+                "needs": ["matrix", "verify"],
+                "if": pushing,
+                "runs-on": HOSTED_RUNNER, "timeout-minutes": 15,
+                "permissions": _permissions(options, "write", contents=False, id_token=options.sign),
+                "strategy": {"fail-fast": False, "matrix": matrix},
+                "steps": promote_steps,
             },
         },
     }
@@ -159,8 +266,11 @@ def workflow_yaml(options: CiOptions) -> bytes:
     Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]  # no &id001
     body = yaml.dump(workflow(options), Dumper=Dumper, sort_keys=False,
                      default_flow_style=False, width=4096, allow_unicode=False)
-    header = ("# Generated by 'envbuild ci github': build, push and verify the stacks in stacks/.\n"
-              "# The matrix is read from stacks/matrix.json when the workflow runs.\n")
+    versions = {name: version for name, version, _ in options.actions}
+    body = _USES_RE.sub(lambda m: f"{m[0]} # {versions[m['action']]}", body)
+    header = ("# Generated by 'envbuild ci github': build and push by digest, verify on a GPU\n"
+              "# runner, then tag. The matrix is read from stacks/matrix.json when the workflow runs.\n"
+              "# Actions are pinned by commit SHA (matrices/ci_actions.yaml), the release in a comment.\n")
     return (header + body).encode("ascii")
 
 
