@@ -27,7 +27,7 @@ INDEXES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
     "torch": [("torch", "2.13.0+cpu", LINUX, ("filelock",)),
               ("torch", "2.13.0+cpu", "cp310-cp310-manylinux_2_28_x86_64", ("filelock",)),
               ("torch", "2.12.0+cpu", LINUX, ("filelock",))],
-    "default": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ()),
+    "default": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ()), ("six", "1.16.0", PURE, ()),
                 ("idna", "3.10", PURE, ())],
 }
 
@@ -250,3 +250,19 @@ def test_the_host_script_installs_the_same_files(tmp_path: Path, indexes: str, e
     user_data = (tmp_path / "cloud" / "user-data").read_text()
     torch_txt = base64.b64encode((host / "requirements" / "torch.txt").read_bytes()).decode()
     assert "/opt/envbuild/requirements/torch.txt" in user_data and torch_txt in user_data
+
+
+def test_previous_pins_are_kept_until_upgraded(tmp_path: Path, indexes: str, env: dict[str, str],
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv keeps the lock's pins: loosening a requirement moves nothing until --upgrade-package."""
+    monkeypatch.chdir(project(tmp_path, indexes, deps='["six==1.16.0"]'))
+    assert run(capsys, env, "lock")[0] == 0
+    project(tmp_path, indexes, deps='["six"]')
+    assert run(capsys, env, "lock")[0] == 0
+    packages = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["packages"]
+    assert packages["six"] == "1.16.0"
+    code, _, err = run(capsys, env, "lock", "--upgrade-package", "six")
+    assert code == 0, err
+    packages = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["packages"]
+    assert packages["six"] == "1.17.0" and packages["filelock"] == "3.1.0"
