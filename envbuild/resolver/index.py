@@ -31,14 +31,14 @@ if TYPE_CHECKING:
 KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "cuda_compat": ("min_driver",),
-    "gpus": ("name", "aliases", "compute_capability", "datacenter", "min_driver_branch",
-             "last_driver_branch", "driver_source", "source"),
+    "gpus": ("name", "aliases", "compute_capability", "architecture", "family", "datacenter",
+             "min_driver_branch", "last_driver_branch", "driver_source", "source"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
     "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6  # 6: gpus rows keep architecture and family (suggestions)
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
