@@ -38,7 +38,7 @@ KEPT_FIELDS = {
     "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 6  # 6: gpus rows keep architecture and family (suggestions)
+INDEX_FORMAT = 6  # 6: the GPU rows (with architecture and family) and keys packed apart
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -51,10 +51,13 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         with suppress(InvalidVersion):  # else looked up at run time, failing as it always did
             into[text] = Version(text).release
 
+    import marshal
+
     from envbuild.data.gpus import gpu_keys, parse_arch_list
 
     rows = {name: [{k: v for k, v in r.items() if k in keep} for r in matrix.rows(name)]
             for name, keep in KEPT_FIELDS.items()}
+    gpus = rows.pop("gpus")
     toolkits = sorted(((Version(r["cuda"]), r) for r in matrix.rows("cuda_toolkits")),
                       key=lambda t: t[0], reverse=True)
     compat = matrix.rows("cuda_compat")
@@ -92,7 +95,9 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "arch": {tuple(r["arch_list"]): parse_arch_list(r["arch_list"])
                  for r in rows["torch_variants"] if r.get("arch_list")},
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
-        "gpu_keys": gpu_keys(rows["gpus"]),
+        # The GPU catalogue and its folded names, marshalled apart: only a request that names a
+        # GPU unpacks them, so its size costs the other forms nothing.
+        "gpus": marshal.dumps((gpus, gpu_keys(gpus))),
     }
 
 
@@ -152,10 +157,25 @@ class Index:
         self._pythons: dict[tuple[str, ...], list[str]] = data["pythons"]
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
-        self.gpu_keys: dict[str, int] = data["gpu_keys"]  # folded GPU names → rows("gpus") positions
+        self._gpus_packed: bytes = data["gpus"]
+        self._gpus: tuple[list[Row], dict[str, int]] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}
 
+    def _gpu_data(self) -> tuple[list[Row], dict[str, int]]:
+        if self._gpus is None:
+            import marshal
+
+            self._gpus = marshal.loads(self._gpus_packed)
+        return self._gpus
+
+    @property
+    def gpu_keys(self) -> dict[str, int]:
+        """Folded GPU names → ``rows("gpus")`` positions."""
+        return self._gpu_data()[1]
+
     def rows(self, relation: str) -> list[Row]:
+        if relation == "gpus":
+            return self._gpu_data()[0]
         return self.relations.get(relation, [])
 
     def releases_of(self, cuda_minor: str) -> list[Toolkit]:

@@ -122,7 +122,7 @@ def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion
     targets = []
     for gpu in facts.gpus:
         try:
-            targets.append(find_gpu(matrix.rows("gpus"), gpu.name))
+            targets.append(find_gpu(matrix.rows("gpus"), gpu.name, getattr(matrix, "gpu_keys", None)))
         except UsageError:
             if gpu.compute_capability is None:
                 raise UsageError(f"GPU {gpu.name!r} is not in gpus.yaml and its compute "
