@@ -19,7 +19,7 @@ from envbuild.resolver.model import PIN_FIELDS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
     from typing import Any
 
     from envbuild.data.gpus import ArchEntry
@@ -97,7 +97,8 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
         # The GPU catalogue and its folded names, marshalled apart: only a request that names a
         # GPU unpacks them, so its size costs the other forms nothing.
-        "gpus": marshal.dumps((gpus, gpu_keys(gpus))),
+        # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
+        "gpus": marshal.dumps((gpu_keys(gpus), [marshal.dumps(row) for row in gpus])),
     }
 
 
@@ -135,6 +136,30 @@ class Toolkit:
         self.cuda, self.major, self.minor, self.driver, self.source = cuda, major, minor, driver, source
 
 
+class PackedRows:
+    """Rows marshalled one by one, unpacked on first access: a read-only sequence."""
+
+    __slots__ = ("_packed", "_rows")
+
+    def __init__(self, packed: list[bytes]) -> None:
+        self._packed = packed
+        self._rows: list[Row | None] = [None] * len(packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def __getitem__(self, position: int) -> Row:
+        row = self._rows[position]
+        if row is None:
+            import marshal
+
+            row = self._rows[position] = marshal.loads(self._packed[position])
+        return row
+
+    def __iter__(self) -> Iterator[Row]:
+        return (self[i] for i in range(len(self._packed)))
+
+
 class Index:
     """The index of one data set, ready for ``solve``."""
 
@@ -158,24 +183,29 @@ class Index:
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
         self._gpus_packed: bytes = data["gpus"]
-        self._gpus: tuple[list[Row], dict[str, int]] | None = None
+        self._gpus: tuple[dict[str, int], PackedRows] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}
 
-    def _gpu_data(self) -> tuple[list[Row], dict[str, int]]:
+    def _gpu_data(self) -> tuple[dict[str, int], PackedRows]:
         if self._gpus is None:
             import marshal
 
-            self._gpus = marshal.loads(self._gpus_packed)
+            keys, packed = marshal.loads(self._gpus_packed)
+            self._gpus = keys, PackedRows(packed)
         return self._gpus
 
     @property
     def gpu_keys(self) -> dict[str, int]:
         """Folded GPU names → ``rows("gpus")`` positions."""
+        return self._gpu_data()[0]
+
+    def gpu_rows(self) -> PackedRows:
+        """The GPU rows, each unpacked when first read (a lookup reads one)."""
         return self._gpu_data()[1]
 
     def rows(self, relation: str) -> list[Row]:
         if relation == "gpus":
-            return self._gpu_data()[0]
+            return list(self.gpu_rows())
         return self.relations.get(relation, [])
 
     def releases_of(self, cuda_minor: str) -> list[Toolkit]:
