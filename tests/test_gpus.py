@@ -218,3 +218,25 @@ def test_validate_catches_two_rows_folding_to_one_name(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         matrix.load(target)
     assert "alias 'GeForce RTX-3090' names both" in str(info.value.message)
+
+
+def test_validate_rejects_an_unknown_family_and_a_row_without_one(tmp_path: Path) -> None:
+    import shutil
+
+    from envbuild.errors import DataError
+
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    path = target / "gpus.yaml"
+    text = path.read_text()
+    first = text.index("  family: ")
+    second = text.index("  family: ", first + 1)
+    line_end = text.index("\n", second)
+    path.write_text(text[:first] + "  family: Gaming" + text[text.index("\n", first):second]
+                    + text[line_end + 1:])
+    with pytest.raises(DataError) as info:
+        matrix.load(target)
+    message = info.value.message
+    assert ("gpus.yaml row 1: family must be one of GeForce, Workstation, Data Center, Jetson, "
+            "got 'Gaming'") in message
+    assert "gpus.yaml row 2: missing 'family'" in message
