@@ -85,3 +85,158 @@ def test_name_rules_equal_the_regexes_they_replaced(name: str) -> None:
 
     assert gpus._valid_name(name) == (re.fullmatch(r"[A-Za-z0-9 ._()/\-]{1,80}", name) is not None)
     assert gpus._fold(name) == re.sub(r"\b(nvidia|geforce|tesla|quadro)\b|[\s_\-]+", "", name.casefold())
+
+
+# --- the bundled catalogue (matrices/gpus.yaml) ---------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from envbuild.data import matrix  # noqa: E402
+
+BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
+NVIDIA_PAGES = ("https://developer.nvidia.com/cuda-gpus", "https://developer.nvidia.com/cuda-legacy-gpus")
+DRIVER_TABLE = "https://github.com/NVIDIA/open-gpu-kernel-modules/blob/"
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> list[dict[str, object]]:
+    return [dict(r) for r in matrix.load(BUNDLED).rows("gpus")]
+
+
+def test_catalogue_has_150_gpus_of_every_family(catalogue: list[dict[str, object]]) -> None:
+    assert len(catalogue) >= 150
+    families = {r["family"] for r in catalogue}
+    assert {"GeForce", "Workstation", "Data Center"} <= families
+    archs = {r["architecture"] for r in catalogue}
+    assert {"Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"} <= archs
+
+
+def test_every_row_is_sourced(catalogue: list[dict[str, object]]) -> None:
+    for row in catalogue:
+        assert str(row["source"]).startswith("https://"), row["name"]
+        assert str(row["retrieved"]) >= "2026-11-21", row["name"]
+        note = str(row.get("note", ""))
+        # CC read anywhere but NVIDIA's own pages says so, and where
+        if row["source"] not in NVIDIA_PAGES or "copy" in note:
+            assert "GAPS-gpus.md" in note or row["name"] in OLD_REVIEWED_ROWS, row["name"]
+        # the nvidia-smi name: read from the driver's product-name table, or said not to be
+        if "name_source" in row:
+            assert str(row["name_source"]).startswith(DRIVER_TABLE), row["name"]
+        else:
+            # or the board names nvidia-smi prints are the aliases (Tesla P100/V100)
+            assert ("not verified" in note or "what nvidia-smi prints" in note
+                    or row["family"] == "Jetson"), row["name"]
+        # a driver-branch fact cites where it came from
+        if "min_driver_branch" in row or "last_driver_branch" in row:
+            assert str(row.get("driver_source", "")).startswith("https://"), row["name"]
+
+
+# The 30 rows reviewed before the catalogue grew; their notes predate the GAPS cross-reference.
+OLD_REVIEWED_ROWS = {"NVIDIA A10G", "NVIDIA A100-SXM4-40GB", "NVIDIA A30", "Tesla T4", "Tesla K80",
+                     "NVIDIA GeForce RTX 3060 Ti"}
+
+
+@pytest.mark.parametrize(("typed", "name", "cc", "family"), [
+    ("RTX 3080", "NVIDIA GeForce RTX 3080", "8.6", "GeForce"),
+    ("RTX 2080 Ti", "NVIDIA GeForce RTX 2080 Ti", "7.5", "GeForce"),
+    ("rtx 2080ti", "NVIDIA GeForce RTX 2080 Ti", "7.5", "GeForce"),
+    ("RTX 4070", "NVIDIA GeForce RTX 4070", "8.9", "GeForce"),
+    ("RTX 6000 Ada", "NVIDIA RTX 6000 Ada Generation", "8.9", "Workstation"),
+    ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada Generation", "8.9", "Workstation"),
+    ("H800", "NVIDIA H800", "9.0", "Data Center"),
+    ("Tesla P4", "Tesla P4", "6.1", "Data Center"),
+    ("GTX 980", "NVIDIA GeForce GTX 980", "5.2", "GeForce"),
+    ("NVIDIA GeForce GTX 980", "NVIDIA GeForce GTX 980", "5.2", "GeForce"),
+    ("Quadro RTX 8000", "Quadro RTX 8000", "7.5", "Workstation"),
+    ("TITAN V", "NVIDIA TITAN V", "7.0", "GeForce"),
+    ("RTX 5080", "NVIDIA GeForce RTX 5080", "12.0", "GeForce"),
+    ("Quadro P4000", "Quadro P4000", "6.1", "Workstation"),
+])
+def test_the_issues_misses_resolve(catalogue: list[dict[str, object]], typed: str, name: str, cc: str,
+                                   family: str) -> None:
+    target = find_gpu(catalogue, typed)
+    assert (target.label, target.compute_capability) == (name, cc)
+    row = next(r for r in catalogue if r["name"] == name)
+    assert row["family"] == family
+
+
+def test_retired_architectures_end_at_branch_580(catalogue: list[dict[str, object]]) -> None:
+    for row in catalogue:
+        if row["architecture"] in ("Maxwell", "Pascal", "Volta") and row["family"] != "Jetson":
+            assert row.get("last_driver_branch") == 580, row["name"]
+        if row["architecture"] in ("Ampere", "Ada Lovelace", "Hopper", "Blackwell"):
+            assert "last_driver_branch" not in row, row["name"]
+
+
+def test_no_two_rows_share_a_folded_name(catalogue: list[dict[str, object]]) -> None:
+    seen: dict[str, object] = {}
+    for row in catalogue:
+        for alias in (row["name"], *row.get("aliases", ())):  # type: ignore[misc]
+            assert seen.setdefault(gpus.fold_name(alias), row["name"]) == row["name"], alias
+
+
+@pytest.mark.parametrize(("typed", "first", "before", "after"), [
+    # a variant of a known card: that card, then its own generation, before the next generation's
+    ("RTX 3080 Foo", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4080"),
+    ("RTX 3080 Super", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4080"),
+    ("GeForce RTX 4075", "NVIDIA GeForce RTX 4070", "NVIDIA GeForce RTX 4070 Ti",
+     "NVIDIA RTX 4000 Ada Generation"),  # the GeForce 40 series before the Ada workstation card
+    ("Quadro P7000", "Quadro P6000", "Quadro P5000", None),
+    ("RTX A7000", "NVIDIA RTX A5000", "NVIDIA RTX A6000", "Quadro RTX 8000"),  # Ampere before Turing
+    ("GTX 1090", "NVIDIA GeForce GTX 1080", "NVIDIA GeForce GTX 1070", None),
+])
+def test_suggestions_prefer_the_same_model_generation_and_family(
+        catalogue: list[dict[str, object]], typed: str, first: str, before: str, after: str | None) -> None:
+    names = gpus.suggest(catalogue, typed, limit=len(catalogue))
+    assert names[0] == first
+    assert before in names[:3]
+    if after is not None:
+        assert names.index(before) < names.index(after)
+    with pytest.raises(UsageError) as info:
+        find_gpu(catalogue, typed)
+    assert info.value.hint.startswith(f"Perhaps you meant {first} or ")
+
+
+def test_a_nonsense_name_gets_no_suggestion(catalogue: list[dict[str, object]]) -> None:
+    with pytest.raises(UsageError) as info:
+        find_gpu(catalogue, "zzqx")
+    assert "--arch" in info.value.hint
+
+
+def test_validate_catches_two_rows_folding_to_one_name(tmp_path: Path) -> None:
+    import shutil
+
+    from envbuild.errors import DataError
+
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    path = target / "gpus.yaml"
+    text = path.read_text()
+    # "GeForce RTX-3090" folds to "rtx3090", which the RTX 3090 row already names
+    path.write_text(text.replace("  - GeForce RTX 4090\n", "  - GeForce RTX-3090\n", 1))
+    assert path.read_text() != text
+    with pytest.raises(DataError) as info:
+        matrix.load(target)
+    assert "alias 'GeForce RTX-3090' names both" in str(info.value.message)
+
+
+def test_validate_rejects_an_unknown_family_and_a_row_without_one(tmp_path: Path) -> None:
+    import shutil
+
+    from envbuild.errors import DataError
+
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    path = target / "gpus.yaml"
+    text = path.read_text()
+    first = text.index("  family: ")
+    second = text.index("  family: ", first + 1)
+    line_end = text.index("\n", second)
+    path.write_text(text[:first] + "  family: Gaming" + text[text.index("\n", first):second]
+                    + text[line_end + 1:])
+    with pytest.raises(DataError) as info:
+        matrix.load(target)
+    message = info.value.message
+    assert ("gpus.yaml row 1: family must be one of GeForce, Workstation, Data Center, Jetson, "
+            "got 'Gaming'") in message
+    assert "gpus.yaml row 2: missing 'family'" in message

@@ -100,3 +100,23 @@ def test_an_unwritable_cache_directory_does_not_fail_a_resolve(
     blocker.write_text("")
     ix = index.load_index(str(data), str(blocker / "cache"))
     assert "NVIDIA A10" in _gpu_names(ix)
+
+
+def test_the_gpu_catalogue_is_unpacked_only_when_a_gpu_is_named(data: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # 150+ GPU rows and their folded names must not slow the forms that name no GPU: the
+    # index keeps them marshalled apart and unpacks them on the first rows("gpus")/gpu_keys.
+    from envbuild.resolver.resolve import resolve
+    from envbuild.resolver.selection import Selectors, build_request
+
+    monkeypatch.setattr(index, "RACY_NS", 0)
+    index.load_index(str(data), str(tmp_path / "cache"))
+    warm = index.load_index(str(data), str(tmp_path / "cache"))
+    assert isinstance(warm._gpus_packed, bytes) and warm._gpus is None
+    resolve(build_request(Selectors(driver="550.54.15"), warm, {}), warm)
+    assert warm._gpus is None
+    build_request(Selectors(gpu=["RTX 3080"]), warm, {})
+    assert warm._gpus is not None
+    assert sum(row is not None for row in warm.gpu_rows()._rows) == 1  # the one row found
+    assert len(warm.rows("gpus")) >= 150
+    assert warm.rows("gpus")[warm.gpu_keys["rtx3080"]]["name"] == "NVIDIA GeForce RTX 3080"

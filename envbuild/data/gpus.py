@@ -99,6 +99,9 @@ def _fold(name: str) -> str:
     return "".join(out)
 
 
+fold_name = _fold  # the one folding of GPU names: lookups, the index and ``matrix validate``
+
+
 def gpu_keys(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Every GPU name and alias, folded, to the position of its row (the first row wins).
     The resolver's index keeps this, so a lookup folds one name instead of all of them."""
@@ -122,18 +125,70 @@ def find_gpu(rows: Sequence[Mapping[str, Any]], name: str,
         keys = gpu_keys(rows)
     position = keys.get(_fold(name))
     if position is None:
-        import difflib
-
         from envbuild.errors import UsageError
 
-        close = difflib.get_close_matches(_fold(name), list(keys), n=3, cutoff=0.6)
-        names = list(dict.fromkeys(rows[keys[c]]["name"] for c in close))  # closest first
+        names = suggest(rows, name, keys)
         hint = f"Perhaps you meant {' or '.join(names)}?" if names else (
             "give --arch sm_XY instead, or see 'envbuild matrix show gpus'"
         )
         raise UsageError(f"unknown GPU {name!r}", hint=hint)
     found = rows[position]
     return target_from_row(found, label=found["name"])
+
+
+def _models(folded: str) -> list[tuple[str, str]]:
+    """The model numbers in a folded name, as (letters, digits): "rtx3080ti" -> [("rtx", "3080")]."""
+    import re
+
+    return re.findall(r"([a-z]*)(\d+)", folded)
+
+
+def _same_series(typed: tuple[str, str], model: tuple[str, str]) -> bool:
+    """One product series: the same letters (or none typed) and, for numbers of four digits or
+    more, the same leading digits ("3080" and "3060" are both 30-series; "4080" is not)."""
+    (t_letters, t_digits), (letters, digits) = typed, model
+    if t_letters and letters != t_letters:
+        return False
+    if len(t_digits) >= 4:
+        return len(digits) == len(t_digits) and digits[:-2] == t_digits[:-2]
+    return bool(t_letters) and len(digits) == len(t_digits)
+
+
+def suggest(rows: Sequence[Mapping[str, Any]], name: str, keys: Mapping[str, int] | None = None,
+            limit: int = 3) -> list[str]:
+    """GPU names to offer for an unknown ``name``, best first: the same model number (a variant),
+    then the same series, generation (architecture) and family, then the closest spelling.
+    "RTX 3080 Foo" offers the RTX 3080 and other Ampere GeForce cards before an RTX 4080."""
+    import difflib
+
+    if keys is None:
+        keys = gpu_keys(rows)
+    typed = _fold(name)
+    typed_models = _models(typed)
+    by_row: dict[int, list[str]] = {}
+    for key, position in keys.items():
+        by_row.setdefault(position, []).append(key)
+    series = [p for p, ks in by_row.items()
+              if any(_same_series(t, m) for t in typed_models for k in ks for m in _models(k))]
+    archs = [rows[p].get("architecture") for p in series]
+    families = [rows[p].get("family") for p in series]
+    arch = max(set(archs), key=archs.count) if archs else None  # the series' generation
+    family = max(set(families), key=families.count) if families else None
+    scored = []
+    for position, ks in by_row.items():
+        ratio = max(difflib.SequenceMatcher(None, typed, k).ratio() for k in ks)
+        models = {m for k in ks for m in _models(k)}
+        same_model = any(t in models or any(t[1] == m[1] and (not t[0] or t[0] == m[0]) for m in models)
+                         for t in typed_models)
+        in_series = position in series
+        row = rows[position]
+        same_arch = arch is not None and row.get("architecture") == arch
+        same_family = family is not None and row.get("family") == family
+        if ratio < 0.6 and not same_model and not in_series:
+            continue
+        scored.append(((not same_model, not in_series, not same_arch, not same_family, -ratio,
+                        position), row["name"]))
+    return [n for _, n in sorted(scored)][:limit]
 
 
 def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:

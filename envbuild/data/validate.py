@@ -106,6 +106,7 @@ def _nullable(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]
     return lambda v: None if v is None else check(v)
 
 
+GPU_FAMILIES = ("GeForce", "Workstation", "Data Center", "Jetson")
 VERSION = _pattern(_VERSION_RE, "a version like 12.4.1")
 DRIVER = _pattern(_DRIVER_RE, "a driver version like 550.54.15")
 CC = _pattern(_CC_RE, "a compute capability like 8.9")
@@ -135,7 +136,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "aliases": (_list_of(_text), False),
         "compute_capability": (CC, True),
         "architecture": (_text, True),
+        "family": (_one_of(*GPU_FAMILIES), True),  # the product line; suggestions prefer the same one
         "datacenter": (_bool, True),
+        "name_source": (_source, False),  # where ``name`` was read as the driver (nvidia-smi) reports it
         "min_driver_branch": (_int, False),
         "last_driver_branch": (_int, False),
         "driver_source": (_source, False),  # where the driver-branch facts come from
@@ -375,10 +378,12 @@ def _duplicate_keys(relations: Mapping[str, tuple[Row, ...]]) -> Iterator[str]:
             if value in seen:
                 yield f"{relation}.yaml row {index}: duplicate {'/'.join(map(str, value))}"
             seen.add(value)
+    from envbuild.data.gpus import fold_name
+
     aliases: dict[str, str] = {}
     for row in relations.get("gpus", ()):
         for alias in (row["name"], *row.get("aliases", ())):
-            folded = alias.casefold()
+            folded = fold_name(alias)  # as the lookup folds it: "GeForce RTX-3080" and "RTX 3080" are one
             if aliases.setdefault(folded, row["name"]) != row["name"]:
                 yield f"gpus.yaml: alias {alias!r} names both {aliases[folded]!r} and {row['name']!r}"
 

@@ -19,7 +19,7 @@ from envbuild.resolver.model import PIN_FIELDS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
     from typing import Any
 
     from envbuild.data.gpus import ArchEntry
@@ -31,14 +31,14 @@ if TYPE_CHECKING:
 KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "cuda_compat": ("min_driver",),
-    "gpus": ("name", "aliases", "compute_capability", "datacenter", "min_driver_branch",
-             "last_driver_branch", "driver_source", "source"),
+    "gpus": ("name", "aliases", "compute_capability", "architecture", "family", "datacenter",
+             "min_driver_branch", "last_driver_branch", "driver_source", "source"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
     "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 6  # 6: a driver keeps its text
+INDEX_FORMAT = 7  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -51,10 +51,13 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         with suppress(InvalidVersion):  # else looked up at run time, failing as it always did
             into[text] = Version(text).release
 
+    import marshal
+
     from envbuild.data.gpus import gpu_keys, parse_arch_list
 
     rows = {name: [{k: v for k, v in r.items() if k in keep} for r in matrix.rows(name)]
             for name, keep in KEPT_FIELDS.items()}
+    gpus = rows.pop("gpus")
     toolkits = sorted(((Version(r["cuda"]), r) for r in matrix.rows("cuda_toolkits")),
                       key=lambda t: t[0], reverse=True)
     compat = matrix.rows("cuda_compat")
@@ -92,7 +95,10 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "arch": {tuple(r["arch_list"]): parse_arch_list(r["arch_list"])
                  for r in rows["torch_variants"] if r.get("arch_list")},
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
-        "gpu_keys": gpu_keys(rows["gpus"]),
+        # The GPU catalogue and its folded names, marshalled apart: only a request that names a
+        # GPU unpacks them, so its size costs the other forms nothing.
+        # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
+        "gpus": marshal.dumps((gpu_keys(gpus), [marshal.dumps(row) for row in gpus])),
     }
 
 
@@ -131,6 +137,30 @@ class Toolkit:
         self.cuda, self.major, self.minor, self.driver, self.source = cuda, major, minor, driver, source
 
 
+class PackedRows:
+    """Rows marshalled one by one, unpacked on first access: a read-only sequence."""
+
+    __slots__ = ("_packed", "_rows")
+
+    def __init__(self, packed: list[bytes]) -> None:
+        self._packed = packed
+        self._rows: list[Row | None] = [None] * len(packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def __getitem__(self, position: int) -> Row:
+        row = self._rows[position]
+        if row is None:
+            import marshal
+
+            row = self._rows[position] = marshal.loads(self._packed[position])
+        return row
+
+    def __iter__(self) -> Iterator[Row]:
+        return (self[i] for i in range(len(self._packed)))
+
+
 class Index:
     """The index of one data set, ready for ``solve``."""
 
@@ -153,10 +183,30 @@ class Index:
         self._pythons: dict[tuple[str, ...], list[str]] = data["pythons"]
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
-        self.gpu_keys: dict[str, int] = data["gpu_keys"]  # folded GPU names → rows("gpus") positions
+        self._gpus_packed: bytes = data["gpus"]
+        self._gpus: tuple[dict[str, int], PackedRows] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}
 
+    def _gpu_data(self) -> tuple[dict[str, int], PackedRows]:
+        if self._gpus is None:
+            import marshal
+
+            keys, packed = marshal.loads(self._gpus_packed)
+            self._gpus = keys, PackedRows(packed)
+        return self._gpus
+
+    @property
+    def gpu_keys(self) -> dict[str, int]:
+        """Folded GPU names → ``rows("gpus")`` positions."""
+        return self._gpu_data()[0]
+
+    def gpu_rows(self) -> PackedRows:
+        """The GPU rows, each unpacked when first read (a lookup reads one)."""
+        return self._gpu_data()[1]
+
     def rows(self, relation: str) -> list[Row]:
+        if relation == "gpus":
+            return list(self.gpu_rows())
         return self.relations.get(relation, [])
 
     def releases_of(self, cuda_minor: str) -> list[Toolkit]:

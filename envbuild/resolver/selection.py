@@ -75,7 +75,7 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
     if args.gpu or args.arch:  # gpus.py (and re) only when a GPU is named
         from envbuild.data.gpus import find_gpu, target_from_arch
 
-        rows, keys = matrix.rows("gpus"), getattr(matrix, "gpu_keys", None)  # an Index has them
+        rows, keys = _gpu_lookup(matrix)
         gpus = [find_gpu(rows, name, keys) for name in args.gpu]
         gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
                  for arch in args.arch]
@@ -105,6 +105,15 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
     )
 
 
+def _gpu_lookup(matrix: HasRows) -> tuple[Sequence[Mapping[str, Any]], Mapping[str, int] | None]:
+    """The GPU rows and folded names: an Index's packed ones (one row unpacked per lookup),
+    else the matrix's rows (``find_gpu`` folds their names)."""
+    gpu_rows = getattr(matrix, "gpu_rows", None)
+    if gpu_rows is not None:
+        return gpu_rows(), matrix.gpu_keys  # type: ignore[attr-defined]
+    return matrix.rows("gpus"), None
+
+
 def check_known_branch(driver: DriverVersion, matrix: HasRows) -> None:
     """A branch newer than every driver the data knows is a typo or stale data."""
     branches = [DriverVersion.parse(r["min_driver"]).branch for r in matrix.rows("cuda_toolkits")]
@@ -129,7 +138,8 @@ def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion
     targets = []
     for gpu in facts.gpus:
         try:
-            targets.append(find_gpu(matrix.rows("gpus"), gpu.name))
+            rows, keys = _gpu_lookup(matrix)
+            targets.append(find_gpu(rows, gpu.name, keys))
         except UsageError:
             if gpu.compute_capability is None:
                 raise UsageError(f"GPU {gpu.name!r} is not in gpus.yaml and its compute "
