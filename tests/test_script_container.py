@@ -513,7 +513,7 @@ def test_a_locked_closure_installs_exactly_the_lock_then_changes_nothing(closure
     code, out = host.run("--yes", "--no-smoke")
     assert code == 10, out  # the driver, as for any lock; the packages came with it
     script_text = host.sh(f"cat {SRC}/install.sh")[1]
-    assert "pip install --no-cache-dir --no-deps --no-index --require-hashes" in script_text
+    assert "install --no-cache-dir --no-deps --no-index --require-hashes" in script_text
     listed = host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze 2>/dev/null")[1]
     assert f"torch=={TORCH}" in listed and "tinydep==1.0" in listed
     reboot(host)
