@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import os
 import re
 import shutil
@@ -105,6 +106,20 @@ def _workdir() -> Iterator[Path]:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _file_backed(context: IO[bytes], directory: Path) -> Iterator[IO[bytes]]:
+    """``context`` itself when it is a file (a child can read it), else a copy in ``directory``."""
+    try:
+        context.fileno()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        with (directory / "context.tar").open("w+b") as copy:
+            shutil.copyfileobj(context, copy)
+            copy.seek(0)
+            yield copy
+        return
+    yield context
 
 
 def _secret_args(secrets: Mapping[str, bytes], directory: Path) -> list[str]:
@@ -344,7 +359,8 @@ class BuildxBuilder:
                 tail.add(line)
                 progress(BuildEvent(kind="log", text=line))
 
-            code = _stream(argv, stdin=context, env=env, on_line=on_line)
+            with _file_backed(context, work) as stdin:
+                code = _stream(argv, stdin=stdin, env=env, on_line=on_line)
             if code != 0:
                 where = None
                 if failed:
