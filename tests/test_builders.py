@@ -277,3 +277,10 @@ def test_promote_wants_a_digest(capsys: pytest.CaptureFixture[str]) -> None:
 def test_push_to_a_digest_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "--variant", "cpu", "--push", f"127.0.0.1:1/x@{DIGEST}"]) == 2
     assert "push to a tag, not a digest" in capsys.readouterr().err
+
+
+def test_source_date_epoch_that_is_not_seconds_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    assert main(["build", "--variant", "cpu"]) == 2
+    assert "SOURCE_DATE_EPOCH='yesterday' is not a count of seconds" in capsys.readouterr().err
