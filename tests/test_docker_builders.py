@@ -167,7 +167,7 @@ def test_promote_without_a_passing_smoke_test_tags_nothing(
     repository = pinned.partition("@")[0]
     done = envbuild("promote", pinned, "gpu-ok", "--gpus", "all")  # no GPU here: verify fails
     assert done.returncode in (7, 8), done.stderr
-    with pytest.raises(Exception, match="404|unknown"):
+    with pytest.raises(Exception, match=r"404|unknown"):
         image_digest(f"{repository}:gpu-ok", env={})
 
 
