@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_lock_build import envbuild, push_base, start_registry  # noqa: E402
+from bench_lock_build import envbuild, push_base, start_registry
 
 DEPENDENCIES = ["idna>=3.7", "attrs>=23.1", "packaging>=24", "tqdm>=4.66"]
 BEFORE, AFTER = "six==1.16.0", "six==1.17.0"
