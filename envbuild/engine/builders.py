@@ -149,6 +149,10 @@ class BuildahBuilder:
     program: str = "buildah"
     storage_driver: str = "vfs"
     isolation: str = "chroot"
+    # buildah's layer cache (--layers): off by default, as vfs stores every cached step as a
+    # whole copy of the root file system (GBs for a torch image); the pip cache mount is what
+    # keeps a rebuild from downloading the wheels again.
+    layers: bool = False
     nocache: bool = False
     name: str = "buildah"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -170,7 +174,8 @@ class BuildahBuilder:
                 tar.extractall(tree, filter="data")
             self._seed_bases((tree / "Dockerfile").read_text(encoding="utf-8"), progress)
             iidfile = work / "iid"
-            argv = [*self.base(), "build", "--isolation", self.isolation, "--layers",
+            argv = [*self.base(), "build", "--isolation", self.isolation,
+                    *(["--layers"] if self.layers else []),
                     "--force-rm", "--iidfile", str(iidfile), "--tag", tag,
                     *(["--no-cache"] if self.nocache else []),
                     *(["--network", network] if network else []),
