@@ -33,6 +33,7 @@ from envbuild.upstream.registry import ACCEPT, image_digest
 pytestmark = pytest.mark.docker
 __all__ = ["base_image", "client"]  # fixtures shared with test_docker_e2e
 
+BUILDAH_TAG = "envbuild-test/cpu-buildah:2.13.0"
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -73,13 +74,17 @@ def pushed(client: Any, base_image: str, registry: str, builder: str, tag: str,
 
 @pytest.fixture(scope="session")
 def by_builder(client: Any, base_image: str, loopback_registry: str, buildah: BuildahBuilder,
-               tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     """Each builder's build report, its image pushed to the loopback registry. The classic one
-    has the e2e test's tag and recipe, so its layer cache makes it quick when both run."""
+    has the e2e test's tag and recipe, so its layer cache makes it quick when both run. The
+    buildah image leaves buildah's storage afterwards (vfs: a whole copy of its file system)."""
     tmp = tmp_path_factory.mktemp("builders")
-    return {"classic": pushed(client, base_image, loopback_registry, "classic", CPU_TAG, tmp),
-            "buildah": pushed(client, base_image, loopback_registry, "buildah",
-                              "envbuild-test/cpu-buildah:2.13.0", tmp)}
+    try:
+        yield {"classic": pushed(client, base_image, loopback_registry, "classic", CPU_TAG, tmp),
+               "buildah": pushed(client, base_image, loopback_registry, "buildah", BUILDAH_TAG, tmp)}
+    finally:
+        subprocess.run(["buildah", "--storage-driver", "vfs", "rmi", BUILDAH_TAG], capture_output=True,
+                       check=False)
 
 
 def manifest(ref: str) -> dict[str, Any]:
