@@ -250,7 +250,7 @@ def test_buildah_build_argv(tmp_path: Path) -> None:
     argv = next(c["argv"] for c in calls(tmp_path) if c["argv"][2:3] == ["build"])
     assert argv[:3] == ["--storage-driver", "vfs", "build"]
     assert "--layers" not in argv  # vfs would keep a whole root file system per step
-    for option in (["--isolation", "chroot"], ["--force-rm"], ["--timestamp", "0"],
+    for option in (["--isolation", "chroot"], ["--timestamp", "0"],
                    ["--network", "host"], ["--label", "k=v"], ["--tag", "t:1"]):
         assert any(argv[i:i + len(option)] == option for i in range(len(argv))), option
     assert result.image_id == DIGEST

@@ -175,8 +175,9 @@ class BuildahBuilder:
             self._seed_bases((tree / "Dockerfile").read_text(encoding="utf-8"), progress)
             iidfile = work / "iid"
             argv = [*self.base(), "build", "--isolation", self.isolation,
-                    *(["--layers"] if self.layers else []),
-                    "--force-rm", "--iidfile", str(iidfile), "--tag", tag,
+                    # --force-rm: buildah takes it only with --layers or --no-cache.
+                    *(["--layers", "--force-rm"] if self.layers else []),
+                    "--iidfile", str(iidfile), "--tag", tag,
                     *(["--no-cache"] if self.nocache else []),
                     *(["--network", network] if network else []),
                     *(["--timestamp", str(timestamp)] if timestamp is not None else []),
