@@ -140,7 +140,7 @@ def test_pushed_digest_is_the_registrys_and_the_ca_bundle_is_in_no_layer(
         count += 1
         assert holders(tar, bundle) == []
         assert not [n for n in tar.getnames() if n.endswith(("ca-bundle.crt", "envbuild-ca"))]
-    assert count >= 3  # the base, the venv, the smoke test at least
+    assert count >= 2  # the base and what the recipe added (buildah without --layers: one)
 
 
 @pytest.mark.parametrize("builder", ["classic", "buildah"])
