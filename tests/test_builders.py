@@ -21,7 +21,7 @@ from envbuild.data import matrix as matrixmod
 from envbuild.engine import build as buildmod
 from envbuild.engine.builders import BuildahBuilder, BuildxBuilder
 from envbuild.engine.context import context_tar
-from envbuild.errors import BuildFailed, DockerUnavailable
+from envbuild.errors import BuildFailed, DockerUnavailable, UsageError
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render.templates import environment
@@ -285,3 +285,11 @@ def test_source_date_epoch_that_is_not_seconds_is_a_usage_error(
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     assert main(["build", "--variant", "cpu"]) == 2
     assert "SOURCE_DATE_EPOCH='yesterday' is not a count of seconds" in capsys.readouterr().err
+
+
+def test_buildah_chroot_with_network_none_is_a_usage_error(tmp_path: Path) -> None:
+    program = stub(tmp_path, "buildah", "", 0)
+    with pytest.raises(UsageError, match="chroot isolation runs every step in the host's network"):
+        BuildahBuilder(program=str(program), env=dict(os.environ)).build(
+            context_of("FROM base\n"), tag="t:1", network="none", labels={}, progress=lambda e: None)
+    assert not (tmp_path / "argv.jsonl").exists()  # buildah was not run

@@ -41,7 +41,7 @@ from typing import IO
 
 from envbuild.engine.build import BuildEvent, BuildResult, short
 from envbuild.engine.daemon import LOG_TAIL
-from envbuild.errors import BuildFailed, DockerUnavailable
+from envbuild.errors import BuildFailed, DockerUnavailable, UsageError
 
 # buildah: "[1/2] STEP 3/7: RUN ..." (the stage prefix only in multi-stage builds).
 _BUILDAH_STEP_RE = re.compile(r"(?:\[([0-9]+)/([0-9]+)\] )?STEP ([0-9]+)/([0-9]+): (.*)")
@@ -164,6 +164,9 @@ class BuildahBuilder:
               labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
               secrets: Mapping[str, bytes] | None = None,
               timestamp: int | None = None) -> BuildResult:
+        if self.isolation == "chroot" and network not in (None, "host"):
+            raise UsageError(f"--network {network} with buildah: its chroot isolation runs every "
+                             "step in the host's network", hint="use --network host or default")
         started = time.monotonic()
         tail = _Tail()
         before = set(self.containers())
