@@ -40,10 +40,16 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--report", metavar="FILE", help="write the build report (JSON) to FILE")
     g.add_argument("--no-cache", action="store_true", help="build every step again, using no cached layer")
     g.add_argument("--verbose", "-v", action="store_true", help="show every build log line")
+    g.add_argument("--builder", choices=("auto", "buildx", "buildah", "classic"), default="auto",
+                   help="docker buildx, buildah or Docker's classic builder (auto: buildx if "
+                        "installed, else classic when a daemon answers, else buildah)")
+    g.add_argument("--push", metavar="REF",
+                   help="push the image to REF (registry/name:tag); prints and records its digest")
     b.set_defaults(run=cmd_build)
 
     v = commands.add_parser("verify", help="run an image's smoke test in a container")
-    v.add_argument("image", help="image built by envbuild")
+    v.add_argument("image", help="image built by envbuild (NAME[:TAG], or REF@sha256:… pulled "
+                                 "when not local)")
     v.add_argument("--gpus", default="all", metavar="all|N|none", help="GPUs to request")
     v.add_argument("--cpu-ok", action="store_true",
                    help="a CPU-only run passes (GPU checks skipped); runs without GPUs when "
@@ -57,6 +63,16 @@ def add_commands(commands: Any) -> None:
     v.add_argument("--tier", type=int, choices=range(5), metavar="N", help="smoke test tiers 0..N")
     v.set_defaults(run=cmd_verify)
 
+    p = commands.add_parser("promote", help="tag a verified image digest in its registry")
+    p.add_argument("image", metavar="REF@sha256:DIGEST", help="the pushed image, by digest")
+    p.add_argument("tag", metavar="TAG", help="the tag to give that digest in the same repository")
+    p.add_argument("--verified-report", metavar="FILE",
+                   help="a passing 'verify --report' of this very digest; without it promote "
+                        "runs the smoke test itself first")
+    p.add_argument("--cpu-ok", action="store_true", help="as verify --cpu-ok")
+    p.add_argument("--gpus", default="all", metavar="all|N|none", help="as verify --gpus")
+    p.set_defaults(run=cmd_promote)
+
     c = commands.add_parser("clean", help="remove containers envbuild left behind")
     c.set_defaults(run=cmd_clean)
 
@@ -67,16 +83,23 @@ def _err(text: str) -> None:
 
 def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     from envbuild.commands.render import render_context
-    from envbuild.engine.build import SdkBuilder, build_image, check_tag, default_tag, short
-    from envbuild.engine.clean import warn_leftovers
-    from envbuild.engine.daemon import connect
+    from envbuild.engine.build import build_image, check_tag, default_tag, short
 
     tag = check_tag(args.tag) if args.tag else None
+    if args.push:
+        from envbuild.upstream.registry import parse_reference
+
+        if parse_reference(args.push).digest is not None:
+            raise UsageError(f"--push {args.push!r}: push to a tag, not a digest",
+                             hint="registry/name:tag; the digest is printed after the push")
     _check_report(args.report)
-    lock, files = render_context(args, env)
+    timestamp = _source_date_epoch(env)
+    lock, files = render_context(args, env)  # every input checked before a builder is sought
     tag = tag or default_tag(lock)
-    client = connect(env)
-    warn_leftovers(client, warn)
+    builder, client = _builder(args.builder, env, nocache=args.no_cache)
+    buildkit = builder.name != "docker-sdk"
+    if buildkit:  # the same recipe in BuildKit syntax: the CA bundle a secret, a pip cache mount
+        lock, files = render_context(args, env, buildkit=True)
 
     def progress(event: BuildEvent) -> None:
         if event.kind == "step":
@@ -84,14 +107,90 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         elif event.kind == "download" or args.verbose:
             _err(f"    {event.text}")
 
-    result = build_image(SdkBuilder(client=client, nocache=args.no_cache), files, tag=tag,
+    result = build_image(builder, files, tag=tag,
                          network=None if args.network == "default" else args.network,
-                         progress=progress, on_interrupt=client.close)
+                         progress=progress,
+                         on_interrupt=client.close if client is not None else lambda: None,
+                         buildkit=buildkit, timestamp=timestamp if buildkit else None)
+    report = result.to_json()
+    out(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
+        f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
+    if args.push:
+        digest = _push(builder, client, result.tag, args.push)
+        repository = args.push.rpartition(":")[0] if _has_tag(args.push) else args.push
+        report["pushed"] = {"ref": args.push, "digest": digest, "pinned": f"{repository}@{digest}"}
+        out(f"pushed {report['pushed']['pinned']}")
     if args.report:
-        _write_report(args.report, result.to_json(), sort_keys=True)
-    out(f"built {result.tag} ({result.image_id[:19]}, {result.size / 1e9:.2f} GB, "
-        f"{result.seconds:.0f} s, {result.steps} steps)")
+        _write_report(args.report, report, sort_keys=True)
     return 0
+
+
+def _has_tag(ref: str) -> bool:
+    return ":" in ref.rsplit("/", 1)[-1]
+
+
+def _source_date_epoch(env: Mapping[str, str]) -> int | None:
+    text = env.get("SOURCE_DATE_EPOCH")
+    if text is None or text == "":
+        return None
+    if not text.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH={text!r} is not a count of seconds")
+    return int(text)
+
+
+def _builder(kind: str, env: Mapping[str, str], *, nocache: bool) -> tuple[Any, Any]:
+    """The builder ``--builder`` names (auto: buildx, else classic with a daemon, else
+    buildah) and a Docker API client, or None when buildah runs without a daemon."""
+    from envbuild.engine.build import SdkBuilder
+    from envbuild.engine.builders import (
+        BuildahBuilder,
+        BuildxBuilder,
+        buildah_available,
+        buildx_available,
+    )
+    from envbuild.engine.clean import warn_leftovers
+    from envbuild.engine.daemon import connect
+    from envbuild.errors import DockerUnavailable
+
+    if kind == "auto":
+        if buildx_available(env):
+            kind = "buildx"
+        else:
+            try:
+                client = connect(env)
+            except DockerUnavailable:
+                if not buildah_available(env):
+                    raise
+                kind = "buildah"
+            else:
+                warn_leftovers(client, warn)
+                return SdkBuilder(client=client, nocache=nocache), client
+    if kind == "buildah":
+        if not buildah_available(env):
+            raise DockerUnavailable("no buildah program on PATH",
+                                    hint="apt-get install buildah, or use --builder classic")
+        try:
+            client = connect(env)
+        except DockerUnavailable:
+            client = None  # the image stays in buildah's storage
+        return BuildahBuilder(docker=client, nocache=nocache, env=dict(env)), client
+    client = connect(env)
+    warn_leftovers(client, warn)
+    if kind == "buildx":
+        if not buildx_available(env):
+            raise DockerUnavailable("the docker buildx plugin is not installed",
+                                    hint="install it, or use --builder buildah|classic")
+        return BuildxBuilder(docker=client, nocache=nocache, env=dict(env)), client
+    return SdkBuilder(client=client, nocache=nocache), client
+
+
+def _push(builder: Any, client: Any, tag: str, ref: str) -> str:
+    from envbuild.engine.builders import BuildahBuilder
+    from envbuild.engine.publish import push_docker
+
+    if isinstance(builder, BuildahBuilder):
+        return builder.push(tag, ref)
+    return push_docker(client, tag, ref, lambda text: _err(f"    {text}"))
 
 
 def _check_report(path: str | None) -> None:
@@ -128,10 +227,19 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     _check_report(args.report)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
     warn_leftovers(client, warn)
+    if "@sha256:" in args.image:
+        from envbuild.engine.publish import pull_by_digest
+        from envbuild.upstream.registry import parse_reference
+
+        parse_reference(args.image)
+        pull_by_digest(client, args.image, lambda text: _err(f"    {text}"))
     result = verify(client, args.image, options, warn)
     report = result.report or {}
     if args.report:
-        _write_report(args.report, report)
+        # What promote --verified-report checks: which image, by digest, and the verdict.
+        _write_report(args.report, {**report, "envbuild.verify": {
+            "image": args.image, "digest": _digest_of(client, args.image),
+            "exit_code": result.exit_code, "cpu_ok": args.cpu_ok, "tier": args.tier}})
     if args.json:
         out(json.dumps(report, indent=2))
     else:
@@ -148,6 +256,57 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     else:
         error = SmokeFailed(f"smoke test failed: {problems[0]}", details=tuple(problems))
     raise error
+
+
+def _digest_of(client: Any, image: str) -> str | None:
+    """The registry digest of ``image`` when it was pulled or pushed by one, else None."""
+    if "@sha256:" in image:
+        return image.rpartition("@")[2]
+    digests = client.inspect_image(image).get("RepoDigests") or []
+    found = {str(d).rpartition("@")[2] for d in digests}
+    return found.pop() if len(found) == 1 else None
+
+
+def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    """Tag REF@sha256:… as TAG in its registry, after a passing smoke test of that digest:
+    the report named by --verified-report, else verify run here and now."""
+    from envbuild.engine.publish import tag_digest
+    from envbuild.upstream.registry import parse_reference
+
+    ref = parse_reference(args.image)
+    if ref.digest is None:
+        raise UsageError(f"promote needs an image by digest, not {args.image!r}",
+                         hint="REF@sha256:<64 hex>, as 'build --push' prints")
+    if args.verified_report:
+        _check_verified(Path(args.verified_report), ref.digest)
+    else:
+        verify_args = argparse.Namespace(
+            image=args.image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
+            shm_size="2g", tier=None, report=None, json=False)
+        cmd_verify(verify_args, env, out)  # raises on any failure: nothing is tagged
+    repository = args.image.partition("@")[0]
+    repository = repository.rpartition(":")[0] if _has_tag(repository) else repository
+    digest = tag_digest(args.image, args.tag, env)
+    out(f"promoted {repository}@{digest} to {repository}:{args.tag}")
+    return 0
+
+
+def _check_verified(path: Path, digest: str) -> None:
+    from envbuild.errors import SmokeFailed
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--verified-report {path}: cannot read it as JSON ({exc})") from None
+    record = data.get("envbuild.verify") if isinstance(data, dict) else None
+    if not isinstance(record, dict):
+        raise UsageError(f"--verified-report {path} is not a report of 'envbuild verify --report'")
+    if record.get("digest") != digest:
+        raise UsageError(f"--verified-report {path} verified {record.get('digest')}, not {digest}",
+                         hint="verify the digest you promote")
+    if record.get("exit_code") != 0:
+        raise SmokeFailed(f"--verified-report {path}: the smoke test of {digest} did not pass",
+                          hint="nothing was tagged")
 
 
 def cmd_clean(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

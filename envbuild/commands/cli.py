@@ -46,6 +46,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("envbuild.commands.build", "render a stack and build its image on a Docker engine"),
     "verify": ("envbuild.commands.build", "run an image's smoke test in a container"),
     "clean": ("envbuild.commands.build", "remove containers envbuild left behind"),
+    "promote": ("envbuild.commands.build", "tag a verified image digest in its registry"),
     "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
 }

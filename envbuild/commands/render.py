@@ -63,14 +63,18 @@ def warn_duplicate_cuda(lock: Lock) -> None:
     warn_all(duplicate_cuda(lock))
 
 
-def render_context(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, dict[str, FileData]]:
-    """The lock (read or resolved) and the build context's files, for render docker and build."""
+def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
+                   buildkit: bool = False) -> tuple[Lock, dict[str, FileData]]:
+    """The lock (read or resolved) and the build context's files, for render docker and build;
+    ``buildkit``: in BuildKit syntax (build --builder buildx|buildah)."""
+    from dataclasses import replace
+
     from envbuild.data.peaks import peaks_json
     from envbuild.render.docker import render_docker
     from envbuild.render.lockset import read_lockset
 
     matrix = load_matrix(args, env)
-    options = render_options(args, env)
+    options = replace(render_options(args, env), buildkit=buildkit)
     if not args.lock:
         if args.target:
             raise UsageError("--target selects a target of --lock FILE")

@@ -1,9 +1,9 @@
 """Build a rendered stack's image on a Docker engine.
 
 ``build_image`` packs the build context into a deterministic tar (``engine.context``) and
-hands it to a ``Builder``. The only builder today drives the Docker SDK's classic builder;
-the ``Builder`` protocol is what a ``docker buildx`` backend would implement, without
-callers changing. Progress goes to a callback: only the commands layer prints.
+hands it to a ``Builder``: the Docker SDK's classic builder here, ``docker buildx`` and
+``buildah`` in ``engine.builders`` (BuildKit syntax: secrets and cache mounts). Progress goes
+to a callback: only the commands layer prints.
 """
 
 from __future__ import annotations
@@ -59,13 +59,16 @@ class BuildResult:
 
 
 class Builder(Protocol):
-    """What ``envbuild build`` needs from a backend. A ``docker buildx`` backend would
-    implement this and take the same context tar."""
+    """What ``envbuild build`` needs from a backend; each takes the same context tar.
+    ``secrets`` (id → bytes) and ``timestamp`` (SOURCE_DATE_EPOCH) only for BuildKit-syntax
+    builders; the classic one refuses secrets."""
 
     name: str
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
-              labels: Mapping[str, str], progress: Callable[[BuildEvent], None]) -> BuildResult:
+              labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
+              secrets: Mapping[str, bytes] | None = None,
+              timestamp: int | None = None) -> BuildResult:
         ...
 
 
@@ -83,8 +86,15 @@ class SdkBuilder:
     nocache: bool = False  # build every step again (a reproducibility check, a poisoned cache)
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
-              labels: Mapping[str, str], progress: Callable[[BuildEvent], None]) -> BuildResult:
+              labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
+              secrets: Mapping[str, bytes] | None = None,
+              timestamp: int | None = None) -> BuildResult:
         import docker.errors
+
+        if secrets:
+            raise UsageError("the classic builder takes no build secrets",
+                             hint="use --builder buildx or buildah")
+        del timestamp  # the classic builder has no reproducible-timestamp option
 
         started = time.monotonic()
         step: tuple[int, int, str] | None = None
@@ -188,15 +198,26 @@ def check_tag(text: str) -> str:
 
 def build_image(builder: Builder, files: Mapping[str, FileData], *, tag: str,
                 network: str | None, progress: Callable[[BuildEvent], None],
-                on_interrupt: Callable[[], None] = lambda: None) -> BuildResult:
+                on_interrupt: Callable[[], None] = lambda: None, buildkit: bool = False,
+                timestamp: int | None = None) -> BuildResult:
     """Build ``files`` (a rendered context) as ``tag``. ``on_interrupt`` runs on Ctrl-C
-    before it propagates: closing the client makes the daemon cancel the build."""
+    before it propagates: closing the client makes the daemon cancel the build.
+    ``buildkit``: the context was rendered with BuildKit syntax, so its CA bundle goes to the
+    builder as the secret ``ca`` and not into the context tar."""
+    from envbuild.render.docker import CA_BUNDLE_NAME
+
+    secrets: dict[str, bytes] = {}
+    if buildkit and CA_BUNDLE_NAME in files:
+        bundle = files[CA_BUNDLE_NAME]
+        secrets["ca"] = bundle if isinstance(bundle, bytes) else bundle.read_bytes()
+        files = {name: data for name, data in files.items() if name != CA_BUNDLE_NAME}
     with tempfile.TemporaryFile(prefix="envbuild-context-") as context:
         context_tar(files, context)
         try:
             return builder.build(context, tag=tag, network=network,
                                  labels={"dev.envbuild.built-by": "envbuild build"},
-                                 progress=progress)
+                                 progress=progress, secrets=secrets or None,
+                                 timestamp=timestamp)
         except KeyboardInterrupt:
             on_interrupt()
             raise

@@ -35,6 +35,8 @@ from envbuild.resolver.model import Stack
 from envbuild.smoke.bundle import payload as smoke_payload
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
+# Where a BuildKit-syntax build mounts the CA bundle secret while a RUN step runs.
+CA_SECRET_PATH = "/run/secrets/envbuild-ca"
 PEAKS_NAME = "smoke_peaks.json"
 WHEELHOUSE_DIR = "wheelhouse"
 _MAX_CA_BYTES = 1024 * 1024
@@ -58,6 +60,9 @@ class RenderOptions:
     wheelhouse: tuple[Path, ...] = ()  # the wheels of --wheelhouse DIR, sorted by name
     companions: bool = True
     provenance: Provenance | None = None  # OCI created/revision/source labels, when known
+    # BuildKit syntax (docker buildx, buildah): the CA bundle a build secret, pip's downloads a
+    # cache mount. The classic builder reads neither.
+    buildkit: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -295,7 +300,7 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
 
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             peaks: bool = False, project_requirements: bool = False,
-            provenance: Provenance | None = None) -> dict[str, Any]:
+            provenance: Provenance | None = None, buildkit: bool = False) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
     index_url = lock.index_url
@@ -333,6 +338,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "closure": lock.pylock is not None,
         "pylock_file": None if lock.pylock is None else lock.pylock.file,
         "project_requirements": project_requirements,
+        "buildkit": buildkit,
+        "pip_cache": buildkit,  # partials/torch_install.j2: keep pip's cache (a cache mount)
+        "ca_secret": CA_SECRET_PATH,
     }
 
 
@@ -362,7 +370,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
-                provenance=options.provenance))
+                provenance=options.provenance, buildkit=options.buildkit))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()
@@ -371,6 +379,8 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     for wheel in wheelhouse:
         files[f"{WHEELHOUSE_DIR}/{wheel.name}"] = wheel
     # Only what the Dockerfile copies goes to the daemon.
-    keep = sorted({n.split("/")[0] for n in files if n != "Dockerfile"})
+    # With BuildKit syntax the CA bundle is a build secret (id "ca"), never part of the context.
+    skip = {"Dockerfile", *([CA_BUNDLE_NAME] if options.buildkit else [])}
+    keep = sorted({n.split("/")[0] for n in files if n not in skip})
     files[".dockerignore"] = ("*\n" + "".join(f"!{n}\n" for n in keep)).encode("utf-8")
     return dict(sorted(files.items()))

@@ -1,0 +1,405 @@
+"""Builders that run as programs: ``docker buildx build`` and ``buildah build``.
+
+Both read BuildKit syntax (``RUN --mount=type=secret`` and ``type=cache``), so the Dockerfile
+is rendered with ``RenderOptions.buildkit`` for them. Each takes the same context tar as the
+SDK builder. Their output is read line by line: a ``step`` event per Dockerfile step, every
+other line a ``log`` event, the last ``LOG_TAIL`` lines kept for a failure's details.
+
+The program runs in its own session, so a Ctrl-C on the terminal reaches envbuild alone:
+envbuild stops the program (SIGTERM, then SIGKILL), removes what it left (buildah's working
+containers made during this build) and its temporary directory, and re-raises.
+
+buildah keeps images in its own storage (``--storage-driver vfs --isolation chroot`` by
+default: root, no fuse-overlayfs, no user namespaces needed). A base image that buildah
+lacks but the Docker engine holds is copied from it first (``docker-daemon:`` transport),
+and the built image is copied to the Docker engine afterwards when one answers, so that
+``envbuild verify`` runs it (see DEVELOPERS.md).
+
+``docker buildx`` is driven from its documented command line (``--progress plain``,
+``--iidfile``, ``--secret id=ca,src=FILE``, ``--load``, a tar context on stdin); the buildx
+plugin is not installed where envbuild's tests run, so its tests replay a recorded plain
+progress stream through a stand-in ``docker`` program.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from envbuild.engine.build import BuildEvent, BuildResult, short
+from envbuild.engine.daemon import LOG_TAIL
+from envbuild.errors import BuildFailed, DockerUnavailable, UsageError
+
+# buildah: "[1/2] STEP 3/7: RUN ..." (the stage prefix only in multi-stage builds).
+_BUILDAH_STEP_RE = re.compile(r"(?:\[([0-9]+)/([0-9]+)\] )?STEP ([0-9]+)/([0-9]+): (.*)")
+_BUILDAH_ERROR_RE = re.compile(r"(?:Error|error): building at STEP \"(.*)\": (.*)")
+# buildx --progress plain: "#7 [envbuild-build 3/6] RUN ...", "#7 CACHED", "#7 ERROR: ..."
+_BUILDX_STEP_RE = re.compile(r"#([0-9]+) \[(?:([^\]]*) )?([0-9]+)/([0-9]+)\] (.*)")
+_BUILDX_LINE_RE = re.compile(r"#([0-9]+) (?:[0-9]+\.[0-9]+ )?(.*)")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_FROM_RE = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.IGNORECASE | re.MULTILINE)
+# How long a stopped builder gets to clean up after SIGTERM before SIGKILL.
+STOP_GRACE = 20.0
+
+
+@dataclass(slots=True)
+class _Tail:
+    lines: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL))
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _stream(argv: Sequence[str], *, stdin: IO[bytes] | None, env: Mapping[str, str],
+            on_line: Callable[[str], None]) -> int:
+    """Run ``argv``, stdout and stderr merged, calling ``on_line`` per line; its exit status.
+    On KeyboardInterrupt the program is stopped (and waited for) before it propagates."""
+    try:
+        process = subprocess.Popen(list(argv), stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=dict(env), start_new_session=True)
+    except OSError as exc:
+        raise BuildFailed(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    assert process.stdout is not None
+    try:
+        for raw in process.stdout:
+            line = _ANSI_RE.sub("", raw.decode("utf-8", "replace")).rstrip()
+            if line:
+                on_line(line)
+        return process.wait()
+    except BaseException:
+        stop(process)
+        raise
+    finally:
+        process.stdout.close()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the program's process group, SIGKILL after ``STOP_GRACE``; waits for it."""
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="envbuild-build-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _file_backed(context: IO[bytes], directory: Path) -> Iterator[IO[bytes]]:
+    """``context`` itself when it is a file (a child can read it), else a copy in ``directory``."""
+    try:
+        context.fileno()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        with (directory / "context.tar").open("w+b") as copy:
+            shutil.copyfileobj(context, copy)
+            copy.seek(0)
+            yield copy
+        return
+    yield context
+
+
+def _secret_args(secrets: Mapping[str, bytes], directory: Path) -> list[str]:
+    """``--secret id=ID,src=FILE`` per secret, each file 0600 in ``directory`` (removed after)."""
+    args = []
+    for name, data in sorted(secrets.items()):
+        path = directory / f"secret-{name}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        args += ["--secret", f"id={name},src={path}"]
+    return args
+
+
+def _failure(where: str | None, message: str, tail: Sequence[str]) -> BuildFailed:
+    place = f"step {where}" if where else "the build"
+    return BuildFailed(f"{place} failed: {message}", details=tuple(tail),
+                       hint="the last log lines follow; rerun with --verbose for all of them")
+
+
+@dataclass(slots=True, kw_only=True)
+class BuildahBuilder:
+    """``buildah build`` into buildah's own storage, then (``docker``: a Docker API client, or
+    None) a copy into the Docker engine under the same tag."""
+
+    docker: object | None = None
+    program: str = "buildah"
+    storage_driver: str = "vfs"
+    isolation: str = "chroot"
+    # buildah's layer cache (--layers): off by default, as vfs stores every cached step as a
+    # whole copy of the root file system (GBs for a torch image); the pip cache mount is what
+    # keeps a rebuild from downloading the wheels again.
+    layers: bool = False
+    nocache: bool = False
+    name: str = "buildah"
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def base(self) -> list[str]:
+        return [self.program, "--storage-driver", self.storage_driver]
+
+    def build(self, context: IO[bytes], *, tag: str, network: str | None,
+              labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
+              secrets: Mapping[str, bytes] | None = None,
+              timestamp: int | None = None) -> BuildResult:
+        if self.isolation == "chroot" and network not in (None, "host"):
+            raise UsageError(f"--network {network} with buildah: its chroot isolation runs every "
+                             "step in the host's network", hint="use --network host or default")
+        started = time.monotonic()
+        tail = _Tail()
+        before = set(self.containers())
+        with _workdir() as work:
+            tree = work / "context"
+            tree.mkdir()
+            with tarfile.open(fileobj=context, mode="r:") as tar:
+                tar.extractall(tree, filter="data")
+            self._seed_bases((tree / "Dockerfile").read_text(encoding="utf-8"), progress)
+            iidfile = work / "iid"
+            argv = [*self.base(), "build", "--isolation", self.isolation,
+                    # --force-rm: buildah takes it only with --layers or --no-cache.
+                    *(["--layers", "--force-rm"] if self.layers else []),
+                    "--iidfile", str(iidfile), "--tag", tag,
+                    *(["--no-cache"] if self.nocache else []),
+                    *(["--network", network] if network else []),
+                    *(["--timestamp", str(timestamp)] if timestamp is not None else []),
+                    *[a for key, value in sorted(labels.items()) for a in ("--label", f"{key}={value}")],
+                    *_secret_args(secrets or {}, work), str(tree)]
+            state: dict[str, object] = {"step": None, "steps": 0, "ran": [], "count": 0}
+
+            def on_line(line: str) -> None:
+                match = _BUILDAH_STEP_RE.fullmatch(line)
+                if match:
+                    stage = f"[{match[1]}/{match[2]}] " if match[1] else ""
+                    state["step"] = f"{stage}{match[3]}/{match[4]} ({short(match[5])})"
+                    state["count"] = int(str(state["count"])) + 1
+                    state["steps"] = int(match[4])
+                    if not match[5].upper().startswith("FROM "):
+                        ran = state["ran"]
+                        assert isinstance(ran, list)
+                        ran.append(match[5])
+                    progress(BuildEvent(kind="step", text=stage + match[5], step=int(match[3]),
+                                        steps=int(match[4])))
+                    return
+                if line.startswith("--> Using cache"):
+                    ran = state["ran"]
+                    assert isinstance(ran, list)
+                    if ran:
+                        ran.pop()
+                tail.add(line)
+                progress(BuildEvent(kind="download" if line.lstrip().startswith("Downloading ")
+                                    else "log", text=line))
+
+            try:
+                code = _stream(argv, stdin=None, env=self.env, on_line=on_line)
+            except KeyboardInterrupt:
+                self._remove_new_containers(before)
+                raise
+            if code != 0:
+                self._remove_new_containers(before)
+                error = next((m for m in map(_BUILDAH_ERROR_RE.fullmatch, reversed(tail.lines)) if m),
+                             None)
+                message = error[2] if error else (tail.lines[-1] if tail.lines else f"exit {code}")
+                step = state["step"]
+                raise _failure(str(step) if step else None, message, tuple(tail.lines))
+            image_id = iidfile.read_text(encoding="ascii").strip()
+        if not image_id.startswith("sha256:"):
+            image_id = f"sha256:{image_id}"
+        size = 0
+        if self.docker is not None:
+            self.to_docker(tag, progress)
+            size = _docker_size(self.docker, tag)
+        ran = state["ran"]
+        assert isinstance(ran, list)
+        return BuildResult(image_id=image_id, tag=tag, size=size, seconds=time.monotonic() - started,
+                           steps=int(str(state["count"])), backend=self.name, ran=tuple(ran))
+
+    def containers(self) -> list[str]:
+        done = subprocess.run([*self.base(), "containers", "--all", "--quiet", "--notruncate"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        return done.stdout.split() if done.returncode == 0 else []
+
+    def _remove_new_containers(self, before: set[str]) -> None:
+        for cid in set(self.containers()) - before:
+            subprocess.run([*self.base(), "rm", cid], capture_output=True, env=dict(self.env),
+                           check=False)
+
+    def has_image(self, ref: str) -> bool:
+        done = subprocess.run([*self.base(), "inspect", "--type", "image", ref],
+                              capture_output=True, env=dict(self.env), check=False)
+        return done.returncode == 0
+
+    def _seed_bases(self, dockerfile: str, progress: Callable[[BuildEvent], None]) -> None:
+        """Copy each FROM image buildah lacks from the Docker engine, when that holds it (the
+        base of a registry-less machine lives there); the rest buildah pulls itself."""
+        stages = {m.split()[-1].lower() for m in re.findall(r"^FROM\s.*\sAS\s+\S+", dockerfile,
+                                                             re.IGNORECASE | re.MULTILINE)}
+        for ref in dict.fromkeys(_FROM_RE.findall(dockerfile)):
+            if ref.lower() in stages or self.has_image(ref) or self.docker is None:
+                continue
+            try:
+                self.docker.inspect_image(ref)  # type: ignore[attr-defined]
+            except Exception:  # not there: buildah pulls it from its registry
+                continue
+            progress(BuildEvent(kind="download", text=f"copying {ref} from the Docker engine"))
+            copied = subprocess.run([*self.base(), "pull", f"docker-daemon:{ref}"],
+                                    capture_output=True, text=True, env=dict(self.env), check=False)
+            if copied.returncode != 0:
+                raise BuildFailed(f"cannot copy base image {ref} from the Docker engine to buildah",
+                                  details=tuple(copied.stderr.splitlines()[-LOG_TAIL:]))
+            image_id = copied.stdout.split()[-1] if copied.stdout.split() else ref
+            subprocess.run([*self.base(), "tag", image_id, ref], capture_output=True,
+                           env=dict(self.env), check=False)
+
+    def to_docker(self, tag: str, progress: Callable[[BuildEvent], None]) -> None:
+        """``buildah push TAG docker-daemon:TAG``: the image in the Docker engine too."""
+        progress(BuildEvent(kind="log", text=f"copying {tag} to the Docker engine"))
+        done = subprocess.run([*self.base(), "push", tag, f"docker-daemon:{_qualified(tag)}"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        if done.returncode != 0:
+            raise BuildFailed(f"built {tag} with buildah but could not copy it to the Docker engine",
+                              details=tuple(done.stderr.splitlines()[-LOG_TAIL:]))
+
+    def push(self, tag: str, ref: str) -> str:
+        """``buildah push`` to a registry (plain HTTP for a loopback one); the manifest digest."""
+        with _workdir() as work:
+            digest_file = work / "digest"
+            argv = [*self.base(), "push", "--digestfile", str(digest_file),
+                    *(["--tls-verify=false"] if _loopback(ref) else []), tag, f"docker://{ref}"]
+            done = subprocess.run(argv, capture_output=True, text=True, env=dict(self.env),
+                                  check=False)
+            if done.returncode != 0:
+                raise BuildFailed(f"buildah push to {ref} failed",
+                                  details=tuple(done.stderr.splitlines()[-LOG_TAIL:]))
+            return digest_file.read_text(encoding="ascii").strip()
+
+
+def _docker_size(client: object | None, tag: str) -> int:
+    if client is None:
+        return 0
+    try:
+        return int(client.inspect_image(tag).get("Size") or 0)  # type: ignore[attr-defined]
+    except Exception:  # the size is a courtesy; the build itself succeeded
+        return 0
+
+
+def _qualified(tag: str) -> str:
+    name = tag.rsplit("@", 1)[0]
+    return tag if ":" in name.rsplit("/", 1)[-1] else f"{tag}:latest"
+
+
+def _loopback(ref: str) -> bool:
+    host = ref.split("/", 1)[0] if "/" in ref else ""
+    return host.split(":")[0] in ("127.0.0.1", "localhost") or host.startswith("[::1]")
+
+
+@dataclass(slots=True, kw_only=True)
+class BuildxBuilder:
+    """``docker buildx build --load``: the image lands in the Docker engine, as the SDK's does.
+
+    Untested against a real buildx here (the plugin is not installed): its tests run a stand-in
+    ``docker`` that records argv and replays a plain progress stream."""
+
+    docker: object | None = None  # a Docker API client, for the loaded image's size
+    program: str = "docker"
+    nocache: bool = False
+    name: str = "buildx"
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def build(self, context: IO[bytes], *, tag: str, network: str | None,
+              labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
+              secrets: Mapping[str, bytes] | None = None,
+              timestamp: int | None = None) -> BuildResult:
+        started = time.monotonic()
+        tail = _Tail()
+        steps: dict[str, tuple[int, int, str]] = {}
+        cached: set[str] = set()
+        failed: list[str] = []
+        with _workdir() as work:
+            iidfile = work / "iid"
+            env = dict(self.env)
+            if timestamp is not None:  # BuildKit >= 0.11 reads it as a build arg
+                env["SOURCE_DATE_EPOCH"] = str(timestamp)
+            argv = [self.program, "buildx", "build", "--progress", "plain", "--load",
+                    "--iidfile", str(iidfile), "--tag", tag,
+                    *(["--no-cache"] if self.nocache else []),
+                    *(["--network", network] if network else []),
+                    *(["--build-arg", f"SOURCE_DATE_EPOCH={timestamp}"] if timestamp is not None else []),
+                    *[a for key, value in sorted(labels.items()) for a in ("--label", f"{key}={value}")],
+                    *_secret_args(secrets or {}, work), "-"]
+
+            def on_line(line: str) -> None:
+                match = _BUILDX_STEP_RE.fullmatch(line)
+                if match:
+                    vertex, number, total = match[1], int(match[3]), int(match[4])
+                    if vertex not in steps:
+                        steps[vertex] = (number, total, match[5])
+                        stage = f"[{match[2]}] " if match[2] else ""
+                        progress(BuildEvent(kind="step", text=stage + match[5], step=number,
+                                            steps=total))
+                    return
+                plain = _BUILDX_LINE_RE.fullmatch(line)
+                if plain and plain[2] == "CACHED":
+                    cached.add(plain[1])
+                    return
+                if plain and plain[2].startswith("ERROR") and plain[1] in steps:
+                    failed.append(plain[1])
+                tail.add(line)
+                progress(BuildEvent(kind="log", text=line))
+
+            with _file_backed(context, work) as stdin:
+                code = _stream(argv, stdin=stdin, env=env, on_line=on_line)
+            if code != 0:
+                where = None
+                if failed:
+                    number, total, text = steps[failed[0]]
+                    where = f"{number}/{total} ({short(text)})"
+                message = next((line.split("ERROR:", 1)[1].strip() for line in reversed(tail.lines)
+                                if "ERROR:" in line), f"docker buildx build exited {code}")
+                if "unknown command" in message or "is not a docker command" in " ".join(tail.lines):
+                    raise DockerUnavailable("the docker buildx plugin is not installed",
+                                            hint="install it, or use --builder buildah|classic")
+                raise _failure(where, message, tuple(tail.lines))
+            image_id = iidfile.read_text(encoding="ascii").strip()
+        ran = tuple(text for vertex, (_, _, text) in steps.items()
+                    if vertex not in cached and not text.upper().startswith("FROM "))
+        return BuildResult(image_id=image_id, tag=tag, size=_docker_size(self.docker, tag),
+                           seconds=time.monotonic() - started,
+                           steps=len(steps), backend=self.name, ran=ran)
+
+
+def buildx_available(env: Mapping[str, str]) -> bool:
+    """``docker buildx version`` answers (the plugin is installed)."""
+    if shutil.which("docker", path=env.get("PATH")) is None:
+        return False
+    try:
+        done = subprocess.run(["docker", "buildx", "version"], capture_output=True, env=dict(env),
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def buildah_available(env: Mapping[str, str]) -> bool:
+    return shutil.which("buildah", path=env.get("PATH")) is not None

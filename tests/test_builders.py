@@ -1,0 +1,295 @@
+"""Builders behind ``--builder`` without a real engine (docs/faults.md J): the BuildKit-syntax
+Dockerfile, ``docker buildx build`` driven through a stand-in ``docker`` that records its argv
+and replays a plain progress stream (the buildx plugin is not installed here), the CA bundle
+kept out of the context, and promote's refusal of reports that prove nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import stat
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild.commands.cli import main
+from envbuild.data import matrix as matrixmod
+from envbuild.engine import build as buildmod
+from envbuild.engine.builders import BuildahBuilder, BuildxBuilder
+from envbuild.engine.context import context_tar
+from envbuild.errors import BuildFailed, DockerUnavailable, UsageError
+from envbuild.render import docker as render
+from envbuild.render import lock as lockmod
+from envbuild.render.templates import environment
+from envbuild.resolver.model import Request
+from envbuild.resolver.resolve import resolve
+
+DIGEST = "sha256:" + "ab" * 32
+PEM = b"-----BEGIN CERTIFICATE-----\nTUlJQ2FrZQ==\n-----END CERTIFICATE-----\n"
+
+# What `docker buildx build --progress plain` prints (BuildKit's plain progress format), for a
+# two-stage build whose second RUN fails.
+BUILDX_PLAIN = """\
+#0 building with "default" instance using docker driver
+#1 [internal] load build definition from Dockerfile
+#1 DONE 0.0s
+#4 [envbuild-build 1/3] FROM docker.io/library/debian:bookworm
+#4 CACHED
+#5 [envbuild-build 2/3] RUN apt-get update
+#5 0.312 Get:1 bookworm InRelease
+#5 DONE 2.1s
+#6 [envbuild-build 3/3] RUN pip install x
+#6 0.501 Collecting torch==2.13.0
+#6 0.902 about to fail
+#6 ERROR: process "/bin/sh -c pip install x" did not complete successfully: exit code: 3
+------
+ > [envbuild-build 3/3] RUN pip install x:
+------
+ERROR: failed to solve: process "/bin/sh -c pip install x" did not complete successfully: exit code: 3
+"""
+BUILDX_OK = """\
+#4 [1/2] FROM docker.io/library/debian:bookworm
+#4 CACHED
+#5 [2/2] RUN echo hi
+#5 0.2 hi
+#5 DONE 0.3s
+#6 exporting to image
+#6 DONE 0.1s
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_lock() -> lockmod.Lock:
+    m = matrixmod.load(matrixmod.default_directory({}))
+    stack = resolve(Request(variant="cpu", ubuntu="22.04"), m).stacks[0]
+    return render.lock_for(stack, m, render.parse_options(companions=False))
+
+
+def runs(dockerfile: str) -> list[tuple[str, str]]:
+    """(stage, RUN line) for each RUN, the stage named by its FROM's AS (or 'final')."""
+    stage, out = "", []
+    for line in dockerfile.splitlines():
+        if line.startswith("FROM "):
+            stage = line.split(" AS ")[1] if " AS " in line else "final"
+        elif line.startswith("RUN "):
+            out.append((stage, line))
+    return out
+
+
+def test_buildkit_dockerfile_mounts_the_ca_as_a_secret_never_a_file(cpu_lock: lockmod.Lock,
+                                                                    tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(PEM)
+    options = render.parse_options(ca_bundle=str(bundle), pip_packages=["six"], companions=False)
+    classic = render.render_docker(cpu_lock, options)
+    files = render.render_docker(cpu_lock, render.RenderOptions(**{
+        **{f: getattr(options, f) for f in options.__dataclass_fields__}, "buildkit": True}))
+    text = files["Dockerfile"]
+    assert isinstance(text, bytes) and isinstance(classic["Dockerfile"], bytes)
+    dockerfile = text.decode()
+    assert "COPY ca-bundle.crt" not in dockerfile and "COPY ca-bundle.crt" in classic["Dockerfile"].decode()
+    # Every RUN of the CA stage mounts the secret; no RUN of the image's own stage does.
+    build_stage = [line for stage, line in runs(dockerfile) if stage == "envbuild-build"]
+    final = [line for stage, line in runs(dockerfile) if stage == "final"]
+    assert build_stage and final
+    assert all(f"--mount=type=secret,id=ca,target={render.CA_SECRET_PATH}" in line for line in build_stage)
+    assert not any("type=secret" in line for line in final)
+    assert f"ARG PIP_CERT={render.CA_SECRET_PATH}" in dockerfile
+    # pip's downloads are kept in a cache mount, so pip must not be told to drop them.
+    pip_runs = [line for _, line in runs(dockerfile) if "/bin/pip install" in line]
+    assert pip_runs and all("--mount=type=cache,target=/root/.cache/pip" in line for line in pip_runs)
+    assert "--no-cache-dir" not in dockerfile and "--no-cache-dir" in classic["Dockerfile"].decode()
+    # The bundle stays in the rendered files (for a hand build's --secret) but not in the context.
+    assert files[render.CA_BUNDLE_NAME] == PEM
+    assert "!ca-bundle.crt" not in files[".dockerignore"].decode()  # type: ignore[union-attr]
+    assert "!ca-bundle.crt" in classic[".dockerignore"].decode()  # type: ignore[union-attr]
+
+
+def test_buildkit_closure_layers_use_the_cache_and_the_secret(cpu_lock: lockmod.Lock) -> None:
+    ctx = render.context(cpu_lock, ca_bundle=True, buildkit=True, project_requirements=True)
+    ctx.update(closure=True, pylock_file="pylock.toml")
+    dockerfile = environment().get_template("Dockerfile.j2").render(ctx)
+    locked = [line for _, line in runs(dockerfile) if "--require-hashes" in line]
+    assert len(locked) == 2  # requirements/torch.txt and requirements/project.txt
+    for line in locked:
+        assert "--mount=type=cache,target=/root/.cache/pip" in line
+        assert "--mount=type=secret,id=ca" in line
+        assert "--no-deps --no-index --require-hashes" in line and "--no-cache-dir" not in line
+
+
+def test_build_image_passes_the_bundle_as_a_secret_and_not_in_the_context() -> None:
+    seen: dict[str, object] = {}
+
+    class Recorder:
+        name = "recorder"
+
+        def build(self, context, *, tag, network, labels, progress, secrets=None,  # type: ignore[no-untyped-def]
+                  timestamp=None):
+            with tarfile.open(fileobj=context) as tar:
+                seen["names"] = tar.getnames()
+            seen["secrets"], seen["timestamp"] = secrets, timestamp
+            return buildmod.BuildResult(image_id=DIGEST, tag=tag, size=0, seconds=0, steps=0,
+                                        backend=self.name)
+
+    files = {"Dockerfile": b"FROM x\n", render.CA_BUNDLE_NAME: PEM}
+    buildmod.build_image(Recorder(), files, tag="t:1", network=None, progress=lambda e: None,
+                         buildkit=True, timestamp=0)
+    assert seen == {"names": ["Dockerfile"], "secrets": {"ca": PEM}, "timestamp": 0}
+    buildmod.build_image(Recorder(), files, tag="t:1", network=None, progress=lambda e: None)
+    assert render.CA_BUNDLE_NAME in seen["names"] and seen["secrets"] is None  # type: ignore[operator]
+
+
+def test_the_classic_builder_refuses_secrets() -> None:
+    with pytest.raises(Exception, match="no build secrets"):
+        buildmod.SdkBuilder(client=object()).build(io.BytesIO(), tag="t:1", network=None, labels={},
+                                                   progress=lambda e: None, secrets={"ca": PEM})
+
+
+def stub(directory: Path, name: str, replay: str, code: int) -> Path:
+    """A stand-in program that records its argv and stdin, prints ``replay`` and exits ``code``
+    (writing the --iidfile it was given when it succeeds)."""
+    (directory / "replay.txt").write_text(replay)
+    script = directory / name
+    script.write_text(f"""#!/usr/bin/env python3
+import json, sys
+args = sys.argv[1:]
+data = sys.stdin.buffer.read() if "-" in args else b""
+with open({str(directory / 'argv.jsonl')!r}, "a") as f:
+    f.write(json.dumps({{"argv": args, "stdin": len(data), "tar": data[257:262].decode("latin-1")}}) + "\\n")
+if "build" in args:
+    sys.stdout.write(open({str(directory / 'replay.txt')!r}).read())
+else:
+    sys.exit(1)  # containers, inspect: nothing there
+if {code} == 0 and "--iidfile" in args:
+    open(args[args.index("--iidfile") + 1], "w").write({DIGEST!r})
+sys.exit({code})
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def calls(directory: Path) -> list[dict[str, Any]]:
+    lines = (directory / "argv.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def context_of(dockerfile: str) -> io.BytesIO:
+    out = io.BytesIO()
+    context_tar({"Dockerfile": dockerfile.encode()}, out)
+    return out
+
+
+def test_buildx_argv_and_progress_from_its_plain_stream(tmp_path: Path) -> None:
+    program = stub(tmp_path, "docker", BUILDX_OK, 0)
+    events: list[buildmod.BuildEvent] = []
+    result = BuildxBuilder(program=str(program), env=dict(os.environ)).build(
+        context_of("FROM x\n"), tag="envbuild-test/x:1", network="host",
+        labels={"dev.envbuild.built-by": "envbuild build"}, progress=events.append,
+        secrets={"ca": PEM}, timestamp=0)
+    recorded = calls(tmp_path)[-1]
+    argv = recorded["argv"]
+    assert argv[:6] == ["buildx", "build", "--progress", "plain", "--load", "--iidfile"]
+    assert argv[-1] == "-" and recorded["stdin"] > 0 and recorded["tar"] == "ustar"  # the context tar
+    assert argv[argv.index("--tag") + 1] == "envbuild-test/x:1"
+    assert argv[argv.index("--network") + 1] == "host"
+    assert argv[argv.index("--build-arg") + 1] == "SOURCE_DATE_EPOCH=0"
+    assert argv[argv.index("--label") + 1] == "dev.envbuild.built-by=envbuild build"
+    secret = argv[argv.index("--secret") + 1]
+    assert re.fullmatch(r"id=ca,src=.*/secret-ca", secret)
+    assert not Path(secret.split("src=")[1]).exists()  # its temporary directory is gone
+    assert result.image_id == DIGEST and result.backend == "buildx" and result.steps == 2
+    assert result.ran == ("RUN echo hi",)  # FROM was cached
+    assert [(e.step, e.steps, e.text) for e in events if e.kind == "step"] == [
+        (1, 2, "FROM docker.io/library/debian:bookworm"), (2, 2, "RUN echo hi")]
+
+
+def test_buildx_failing_step_is_exit_6_naming_the_step_with_the_log_tail(tmp_path: Path) -> None:
+    program = stub(tmp_path, "docker", BUILDX_PLAIN, 1)
+    with pytest.raises(BuildFailed) as info:
+        BuildxBuilder(program=str(program), env=dict(os.environ)).build(
+            context_of("FROM x\n"), tag="t:1", network=None, labels={}, progress=lambda e: None)
+    assert info.value.exit_code == 6
+    assert info.value.message.startswith("step 3/3 (RUN pip install x) failed")
+    assert "exit code: 3" in info.value.message
+    assert any("about to fail" in line for line in info.value.details)
+
+
+def test_buildx_missing_plugin_is_exit_5(tmp_path: Path) -> None:
+    program = stub(tmp_path, "docker", "docker: 'buildx' is not a docker command.\n", 1)
+    with pytest.raises(DockerUnavailable) as info:
+        BuildxBuilder(program=str(program), env=dict(os.environ)).build(
+            context_of("FROM x\n"), tag="t:1", network=None, labels={}, progress=lambda e: None)
+    assert info.value.exit_code == 5 and "buildx" in info.value.message
+
+
+def test_buildah_failing_step_is_exit_6_from_its_output(tmp_path: Path) -> None:
+    replay = ("[2/2] STEP 1/2: FROM base\n[2/2] STEP 2/2: RUN echo about to fail && exit 3\n"
+              "about to fail\nsubprocess exited with status 3\n"
+              'Error: building at STEP "RUN echo about to fail && exit 3": exit status 3\n')
+    program = stub(tmp_path, "buildah", replay, 1)
+    builder = BuildahBuilder(program=str(program), env=dict(os.environ))
+    with pytest.raises(BuildFailed) as info:
+        builder.build(context_of("FROM base\n"), tag="t:1", network=None, labels={},
+                      progress=lambda e: None, secrets={"ca": PEM}, timestamp=0)
+    assert info.value.exit_code == 6
+    assert info.value.message == ("step [2/2] 2/2 (RUN echo about to fail && exit 3) failed: "
+                                  "exit status 3")
+    assert "about to fail" in info.value.details
+
+
+def test_buildah_build_argv(tmp_path: Path) -> None:
+    program = stub(tmp_path, "buildah", "STEP 1/1: FROM base\n", 0)
+    builder = BuildahBuilder(program=str(program), env=dict(os.environ))
+    result = builder.build(context_of("FROM base\n"), tag="t:1", network="host",
+                           labels={"k": "v"}, progress=lambda e: None, secrets={"ca": PEM},
+                           timestamp=0)
+    argv = next(c["argv"] for c in calls(tmp_path) if c["argv"][2:3] == ["build"])
+    assert argv[:3] == ["--storage-driver", "vfs", "build"]
+    assert "--layers" not in argv  # vfs would keep a whole root file system per step
+    for option in (["--isolation", "chroot"], ["--timestamp", "0"],
+                   ["--network", "host"], ["--label", "k=v"], ["--tag", "t:1"]):
+        assert any(argv[i:i + len(option)] == option for i in range(len(argv))), option
+    assert result.image_id == DIGEST
+
+
+@pytest.mark.parametrize("report, code, text", [
+    ({"envbuild.verify": {"digest": "sha256:" + "cd" * 32, "exit_code": 0}}, 2, "not sha256:abab"),
+    ({"envbuild.verify": {"digest": DIGEST, "exit_code": 7}}, 7, "did not pass"),
+    ({"checks": []}, 2, "not a report of 'envbuild verify --report'"),
+])
+def test_promote_refuses_a_report_that_does_not_prove_this_digest_passed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], report: dict[str, object], code: int,
+        text: str) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    assert main(["promote", f"127.0.0.1:1/x@{DIGEST}", "stable", "--verified-report", str(path)]) == code
+    assert text in capsys.readouterr().err
+
+
+def test_promote_wants_a_digest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["promote", "127.0.0.1:1/x:candidate", "stable"]) == 2
+    assert "promote needs an image by digest" in capsys.readouterr().err
+
+
+def test_push_to_a_digest_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--variant", "cpu", "--push", f"127.0.0.1:1/x@{DIGEST}"]) == 2
+    assert "push to a tag, not a digest" in capsys.readouterr().err
+
+
+def test_source_date_epoch_that_is_not_seconds_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    assert main(["build", "--variant", "cpu"]) == 2
+    assert "SOURCE_DATE_EPOCH='yesterday' is not a count of seconds" in capsys.readouterr().err
+
+
+def test_buildah_chroot_with_network_none_is_a_usage_error(tmp_path: Path) -> None:
+    program = stub(tmp_path, "buildah", "", 0)
+    with pytest.raises(UsageError, match="chroot isolation runs every step in the host's network"):
+        BuildahBuilder(program=str(program), env=dict(os.environ)).build(
+            context_of("FROM base\n"), tag="t:1", network="none", labels={}, progress=lambda e: None)
+    assert not (tmp_path / "argv.jsonl").exists()  # buildah was not run

@@ -1,0 +1,235 @@
+"""buildah and the classic builder for real, a real registry (docs/faults.md J): the CPU stack
+built from the $PIP_FIND_LINKS wheelhouse with each, pushed to the loopback registry, verified
+by digest, promoted; the CA bundle in no layer of the pushed image; a failing step and Ctrl-C
+with buildah leave nothing behind. Needs dockerd, buildah and docker-registry (DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_docker_e2e import CPU_TAG, TORCH_WHEEL, all_containers, base_image, client, envbuild
+
+from envbuild.engine.builders import BuildahBuilder
+from envbuild.engine.context import context_tar
+from envbuild.errors import BuildFailed
+from envbuild.upstream.registry import ACCEPT, image_digest
+
+pytestmark = pytest.mark.docker
+__all__ = ["base_image", "client"]  # fixtures shared with test_docker_e2e
+
+BUILDAH_TAG = "envbuild-test/cpu-buildah:2.13.0"
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="session")
+def buildah() -> BuildahBuilder:
+    if shutil.which("buildah") is None:
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail("ENVBUILD_REQUIRE_DOCKER is set but there is no buildah (apt-get install buildah)")
+        pytest.skip("no buildah")
+    return BuildahBuilder()
+
+
+def cpu_args(base_image: str) -> list[str]:
+    wheelhouse = os.environ.get("PIP_FIND_LINKS", "")
+    if not (Path(wheelhouse) / TORCH_WHEEL).is_file():
+        pytest.skip(f"no {TORCH_WHEEL} in $PIP_FIND_LINKS")
+    args = ["build", "--torch", "==2.13.0", "--variant", "cpu", "--python", "3.11",
+            "--no-companions", "--base-image", base_image, "--wheelhouse", wheelhouse,
+            "--network", "host"]
+    cert = os.environ.get("PIP_CERT")
+    if cert:
+        args += ["--ca-bundle", cert]
+    return args
+
+
+def pushed(client: Any, base_image: str, registry: str, builder: str, tag: str,
+           tmp: Path) -> dict[str, Any]:
+    report = tmp / f"{builder}.json"
+    ref = f"{registry}/envbuild-test/cpu-{builder}:candidate"
+    done = envbuild(*cpu_args(base_image), "--builder", builder, "--tag", tag, "--push", ref,
+                    "--report", str(report), timeout=1800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    data = json.loads(report.read_text())
+    assert f"built {tag} with {'docker-sdk' if builder == 'classic' else builder}" in done.stdout
+    assert f"pushed {data['pushed']['pinned']}" in done.stdout
+    return dict(data)
+
+
+@pytest.fixture(scope="session")
+def by_builder(client: Any, base_image: str, loopback_registry: str, buildah: BuildahBuilder,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    """Each builder's build report, its image pushed to the loopback registry. The classic one
+    has the e2e test's tag and recipe, so its layer cache makes it quick when both run. The
+    buildah image leaves buildah's storage afterwards (vfs: a whole copy of its file system)."""
+    tmp = tmp_path_factory.mktemp("builders")
+    try:
+        yield {"classic": pushed(client, base_image, loopback_registry, "classic", CPU_TAG, tmp),
+               "buildah": pushed(client, base_image, loopback_registry, "buildah", BUILDAH_TAG, tmp)}
+    finally:
+        subprocess.run(["buildah", "--storage-driver", "vfs", "rmi", BUILDAH_TAG], capture_output=True,
+                       check=False)
+
+
+def manifest(ref: str) -> dict[str, Any]:
+    host, _, rest = ref.partition("/")
+    name, _, digest = rest.partition("@")
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{digest}",
+                                     headers={"Accept": ACCEPT})
+    with OPENER.open(request, timeout=30) as reply:
+        return dict(json.loads(reply.read()))
+
+
+def layers(ref: str) -> Iterator[tarfile.TarFile]:
+    """Each layer of the pushed image ``ref`` (name@digest) as an open tar, from the registry."""
+    host, _, rest = ref.partition("/")
+    name = rest.partition("@")[0]
+    for layer in manifest(ref)["layers"]:
+        with OPENER.open(f"http://{host}/v2/{name}/blobs/{layer['digest']}", timeout=120) as reply:
+            blob = reply.read()
+        data = gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            yield tar
+
+
+def holders(tar: tarfile.TarFile, needle: bytes) -> list[str]:
+    """Members of ``tar`` whose bytes contain ``needle``."""
+    found = []
+    for member in tar.getmembers():
+        if member.isfile():
+            handle = tar.extractfile(member)
+            if handle is not None and needle in handle.read():
+                found.append(member.name)
+    return found
+
+
+def test_holders_finds_a_file_in_a_layer() -> None:  # the check below can fail
+    out = io.BytesIO()
+    context_tar({"etc/envbuild/ca-bundle.crt": b"xx-BUNDLE-xx"}, out)
+    with tarfile.open(fileobj=out) as tar:
+        assert holders(tar, b"BUNDLE") == ["etc/envbuild/ca-bundle.crt"]
+
+
+@pytest.mark.parametrize("builder", ["classic", "buildah"])
+def test_pushed_digest_is_the_registrys_and_the_ca_bundle_is_in_no_layer(
+        by_builder: dict[str, dict[str, Any]], builder: str) -> None:
+    pushed = by_builder[builder]["pushed"]
+    assert image_digest(pushed["ref"], env={}) == pushed["digest"]
+    cert = os.environ.get("PIP_CERT")
+    if not cert:
+        pytest.skip("no $PIP_CERT bundle to look for")
+    bundle = Path(cert).read_bytes()
+    count = 0
+    for tar in layers(pushed["pinned"]):
+        count += 1
+        assert holders(tar, bundle) == []
+        assert not [n for n in tar.getnames() if n.endswith(("ca-bundle.crt", "envbuild-ca"))]
+    assert count >= 2  # the base and what the recipe added (buildah without --layers: one)
+
+
+@pytest.mark.parametrize("builder", ["classic", "buildah"])
+def test_verify_by_digest_pulls_then_promote_tags_that_digest(
+        client: Any, by_builder: dict[str, dict[str, Any]], builder: str, tmp_path: Path) -> None:
+    pushed = by_builder[builder]["pushed"]
+    pinned, digest = pushed["pinned"], pushed["digest"]
+    repository = pinned.partition("@")[0]
+    for image in client.images(name=repository):  # not local: verify must pull it
+        client.remove_image(image["Id"], force=True)
+    report = tmp_path / "verify.json"
+    done = envbuild("verify", pinned, "--cpu-ok", "--tier", "1", "--report", str(report))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(report.read_text())["envbuild.verify"]["digest"] == digest
+    done = envbuild("promote", pinned, "verified", "--verified-report", str(report))
+    assert done.returncode == 0, done.stderr
+    assert f"promoted {pinned} to {repository}:verified" in done.stdout
+    assert image_digest(f"{repository}:verified", env={}) == digest
+    if builder == "buildah":  # without a report promote runs the smoke test itself
+        done = envbuild("promote", pinned, "stable", "--cpu-ok")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "exit 0 (pass)" in done.stdout
+        assert image_digest(f"{repository}:stable", env={}) == digest
+
+
+def test_promote_without_a_passing_smoke_test_tags_nothing(
+        by_builder: dict[str, dict[str, Any]]) -> None:
+    pinned = by_builder["classic"]["pushed"]["pinned"]
+    repository = pinned.partition("@")[0]
+    done = envbuild("promote", pinned, "gpu-ok", "--gpus", "all")  # no GPU here: verify fails
+    assert done.returncode in (7, 8), done.stderr
+    with pytest.raises(Exception, match=r"not found|404|unknown"):
+        image_digest(f"{repository}:gpu-ok", env={})
+
+
+def buildah_containers() -> set[str]:
+    done = subprocess.run(["buildah", "--storage-driver", "vfs", "containers", "-aq", "--notruncate"],
+                          capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
+def our_tempdirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("envbuild-build-*")}
+
+
+def test_buildah_failing_step_exit_6_leaves_no_container(buildah: BuildahBuilder, client: Any,
+                                                         base_image: str) -> None:
+    before, temps = buildah_containers(), our_tempdirs()
+    context = io.BytesIO()
+    context_tar({"Dockerfile": f"FROM {base_image}\nRUN echo about to fail && exit 3\n".encode()},
+                context)
+    with pytest.raises(BuildFailed) as info:
+        BuildahBuilder(docker=client).build(context, tag="envbuild-test/fail-buildah:1",
+                                            network="host", labels={}, progress=lambda e: None)
+    assert info.value.exit_code == 6
+    assert "RUN echo about to fail" in info.value.message and "exit status 3" in info.value.message
+    assert "about to fail" in info.value.details
+    assert buildah_containers() == before and our_tempdirs() == temps
+
+
+def test_buildah_sigint_exits_130_and_leaves_nothing(buildah: BuildahBuilder, client: Any,
+                                                     base_image: str) -> None:
+    context = io.BytesIO()
+    context_tar({"Dockerfile": f"FROM {base_image}\nCOPY apt-get /usr/local/bin/apt-get\n"
+                               "RUN chmod 755 /usr/local/bin/apt-get\n".encode(),
+                 "apt-get": b"#!/bin/sh\nsleep 60\n"}, context)
+    from envbuild.engine.build import SdkBuilder
+
+    SdkBuilder(client=client).build(context, tag="envbuild-test/slow-apt:1", network="none",
+                                    labels={}, progress=lambda e: None)
+    before, temps, docker_before = buildah_containers(), our_tempdirs(), all_containers(client)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envbuild", "build", "--builder", "buildah", "--variant", "cpu",
+         "--torch", "==2.13.0", "--python", "3.11", "--no-companions", "--base-image",
+         "envbuild-test/slow-apt:1", "--network", "host", "--tag", "envbuild-test/interrupted-buildah:1"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    assert proc.stderr is not None
+    seen = ""
+    while "apt-get update" not in seen:
+        line = proc.stderr.readline()
+        assert line, f"build ended early: {seen}"
+        seen += line
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=90) == 130
+    assert buildah_containers() == before
+    assert our_tempdirs() == temps
+    assert all_containers(client) == docker_before
+    assert not client.images(name="envbuild-test/interrupted-buildah")
+    assert subprocess.run(["buildah", "--storage-driver", "vfs", "inspect", "--type", "image",
+                           "envbuild-test/interrupted-buildah:1"], capture_output=True).returncode != 0
