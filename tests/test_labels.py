@@ -85,3 +85,19 @@ def test_bad_provenance_exits_2_and_writes_nothing(argv: list[str], env: dict[st
     assert err.startswith("envbuild: error[usage]: ") and len(err.strip().splitlines()) == 1
     assert message in err
     assert not out.exists() and not any(p.name == MARKER for p in tmp_path.rglob("*"))
+
+
+def test_a_lock_without_companions_labels_none() -> None:
+    """The stack knows a torchvision for torch 2.13.0; an image built without companions must
+    not claim it in its labels."""
+    from envbuild.data import matrix as matrixmod
+    from envbuild.render import docker as render
+    from envbuild.resolver.model import Request
+    from envbuild.resolver.resolve import resolve
+
+    m = matrixmod.load(matrixmod.default_directory({}))
+    stack = resolve(Request(variant="cpu", ubuntu="22.04"), m).stacks[0]
+    assert stack.torchvision is not None
+    alone = dict(render.labels(render.lock_for(stack, m, render.parse_options(companions=False))))
+    both = dict(render.labels(render.lock_for(stack, m, render.parse_options())))
+    assert "dev.envbuild.torchvision" not in alone and "dev.envbuild.torchvision" in both

@@ -279,8 +279,9 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
         "org.opencontainers.image.base.name": lock.base_image,
         "dev.envbuild.schema": "1" if lock.pylock is None else "2",  # the lock file the image carries
         "dev.envbuild.torch": s.torch,
-        "dev.envbuild.torchvision": s.torchvision or "",
-        "dev.envbuild.torchaudio": s.torchaudio or "",
+        # Only what the image installs: a lock without companions names none.
+        "dev.envbuild.torchvision": (s.torchvision or "") if lock.companions else "",
+        "dev.envbuild.torchaudio": (s.torchaudio or "") if lock.companions else "",
         "dev.envbuild.variant": s.variant,
         "dev.envbuild.cuda": s.cuda or "",
         "dev.envbuild.cudnn": s.cudnn or "",
