@@ -146,7 +146,7 @@ def test_pylock_names_follow_pep_751() -> None:
 def test_a_pylock_url_that_would_add_an_option_is_refused(stack_lock: lockmod.Lock, url: str) -> None:
     """docs/faults.md H43: a pylock edited (and its digest in the lock with it) to smuggle a pip
     option or a second requirement into the requirements file the build reads."""
-    from envbuild.render.closure import requirement_files
+    from envbuild.render.closure import install_files
 
     packages = {**stack_lock.packages, "six": "1.17.0"}
     def wheel(name: str, version: str) -> str:
@@ -159,4 +159,4 @@ def test_a_pylock_url_that_would_add_an_option_is_refused(stack_lock: lockmod.Lo
     assert lock.pylock is not None
     lock = replace(lock, pylock=replace(lock.pylock, torch_layer=("torch",), text=text))
     with pytest.raises(UsageError, match="not a plain http"):
-        requirement_files(lock, local_dir=None)
+        install_files(lock, local_dir=None)

@@ -101,14 +101,10 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
 
 def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, out: Out) -> int:
     from envbuild.commands.render import warn_duplicate_cuda
-    from envbuild.fs import UnwritableDirectory, write_file
 
     lock = resolve_lock(args, env, load_matrix(args, env))
     warn_duplicate_cuda(lock)
-    try:
-        write_file(path, lock.to_json().encode("utf-8"))
-    except UnwritableDirectory as exc:
-        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
+    _write_files(path, lock.to_json().encode("utf-8"), {})
     out(f"wrote {path} (stack only: the distributions beyond torch's pins are not locked)")
     return 0
 
@@ -174,8 +170,8 @@ def _torch_spec(args: argparse.Namespace, constraints: Sequence[str]) -> argpars
     explanation of a conflict) sees them; torchvision/torchaudio ones go to uv."""
     from packaging.requirements import Requirement
 
-    specs = [str(Requirement(c).specifier) for c in constraints
-             if Requirement(c).name.lower() == "torch" and str(Requirement(c).specifier)]
+    requirements = [Requirement(c) for c in constraints]
+    specs = [str(r.specifier) for r in requirements if r.name.lower() == "torch" and r.specifier]
     if not specs:
         return args
     ns = argparse.Namespace(**vars(args))
@@ -280,22 +276,26 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
 
 
 def _write(path: Path, lockset: LockSet, out: Out) -> None:
-    """The pylock files first, envbuild.lock last: a lock never names a file not yet written."""
-    from envbuild.fs import UnwritableDirectory, write_file
-
     files = lockset.files()
-    try:
-        for name in sorted(n for n in files if n != "envbuild.lock"):
-            write_file(path.parent / name, files[name])
-        write_file(path, files["envbuild.lock"])
-    except UnwritableDirectory as exc:
-        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
+    _write_files(path, files.pop("envbuild.lock"), files)
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
         base = lock.base_image if lock.base_digest else f"{lock.base_image} (tag, --offline)"
         out(f"target {name}: torch {lock.stack.torch} ({lock.stack.variant}), Python {lock.stack.python}, "
             f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base}")
     out(f"wrote {path}")
+
+
+def _write_files(path: Path, lock: bytes, beside: Mapping[str, bytes]) -> None:
+    """The files beside the lock first, the lock last: a lock never names a file not yet written."""
+    from envbuild.fs import UnwritableDirectory, write_file
+
+    try:
+        for name in sorted(beside):
+            write_file(path.parent / name, beside[name])
+        write_file(path, lock)
+    except UnwritableDirectory as exc:
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
 
 
 def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],

@@ -14,13 +14,14 @@ from pathlib import Path
 
 from envbuild.errors import UsageError
 from envbuild.pylock.files import read_pylock
-from envbuild.pylock.install import install_requirements
-from envbuild.pylock.install import local_wheels as pylock_local_wheels
+from envbuild.pylock.install import install_requirements, local_wheels
 from envbuild.render.lock import Lock
 
 
-def requirement_files(lock: Lock, *, local_dir: str | None) -> dict[str, str]:
-    """{"torch": text, "project": text}; "project" only when the project adds distributions."""
+def install_files(lock: Lock, *, local_dir: str | None) -> tuple[dict[str, str], list[Path]]:
+    """The layers' requirements ({"torch": text, "project": text}; "project" only when the
+    project adds distributions) and the wheel files the lock names on this machine, to copy
+    into a build context; the pylock read once and checked against the lock's packages."""
     ref = lock.pylock
     if ref is None:
         raise UsageError("the lock holds no closure", hint="run 'envbuild lock'")
@@ -37,11 +38,4 @@ def requirement_files(lock: Lock, *, local_dir: str | None) -> dict[str, str]:
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
                                                 glibc=ref.glibc, local_dir=local_dir)
-    return files
-
-
-def local_wheels(lock: Lock) -> list[Path]:
-    """The wheel files the lock names on this machine, to copy into a build context."""
-    if lock.pylock is None:
-        return []
-    return sorted(pylock_local_wheels(read_pylock(lock.pylock.text)), key=lambda p: p.name)
+    return files, local_wheels(pylock)

@@ -363,8 +363,8 @@ def render_docker(lock: Lock, options: RenderOptions, *,
                              hint="the lock names every file; lock with find-links to use local wheels")
         from envbuild.render import closure  # reads pylock files: only for a locked closure
 
-        requirements = closure.requirement_files(lock, local_dir=f"/tmp/{WHEELHOUSE_DIR}")
-        wheelhouse = tuple(closure.local_wheels(lock))
+        requirements, wheels = closure.install_files(lock, local_dir=f"/tmp/{WHEELHOUSE_DIR}")
+        wheelhouse = tuple(wheels)
         for name, text in requirements.items():
             files[f"requirements/{name}.txt"] = text.encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")

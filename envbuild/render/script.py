@@ -114,10 +114,10 @@ def render_script(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
     check_scriptable(lock)
     files: dict[str, bytes] = {}
     if lock.pylock is not None:
-        from envbuild.render.closure import requirement_files
+        from envbuild.render.closure import install_files
 
         # A host fetches every file itself: a wheel the lock names by local path is refused here.
-        for name, text in requirement_files(lock, local_dir=None).items():
+        for name, text in install_files(lock, local_dir=None)[0].items():
             files[f"requirements/{name}.txt"] = text.encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
     layers = [n.split("/")[1].removesuffix(".txt") for n in sorted(files, key=_layer_order)
