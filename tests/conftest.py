@@ -163,6 +163,42 @@ def push_image(client: Any, image: str, repository: str, tag: str) -> str:
     return str(reported)
 
 
+_ENGINE: list[Any] = []
+
+
+def _engine() -> Any:
+    """The engine's client if one answers, else None; asked once per session."""
+    if not _ENGINE:
+        import os
+
+        from envbuild.engine.daemon import connect
+
+        try:
+            client = connect(os.environ, timeout=600.0)
+        except Exception:  # no engine: nothing to clean
+            client = None
+        _ENGINE.append(client)
+    return _ENGINE[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _images_made_here_are_removed() -> Iterator[None]:
+    """Every image a test module built (tagged, or a build stage left dangling) is removed when
+    the module ends. A torch image is over 1 GB and its build stage as much again; kept for the
+    whole suite they filled a CI machine's disk (no space left on device) before the last
+    module ran."""
+    client = _engine()
+    if client is None:
+        yield
+        return
+    before = {image["Id"] for image in client.images(all=True)}
+    yield
+    for image in client.images(all=True):
+        if image["Id"] not in before:
+            with contextlib.suppress(Exception):  # already gone, or a child removed it first
+                client.remove_image(image["Id"], force=True)
+
+
 @pytest.fixture(scope="session")
 def docker_api() -> Any:
     """The Docker engine's API client (envbuild's own connect). Skipped without an engine, unless
