@@ -19,16 +19,19 @@ from typing import Any
 import pytest
 
 from envbuild.commands.cli import main
+from envbuild.pylock.uv import find_uv, uv_version
 
 BASE = "mirror.example/library/debian:bookworm@sha256:" + "a" * 64
 LINUX = "cp311-cp311-manylinux_2_28_x86_64"
 PURE = "py3-none-any"
+UV = uv_version(find_uv(None))  # the build's installer: the version that locks
 INDEXES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
     "torch": [("torch", "2.13.0+cpu", LINUX, ("filelock",)),
               ("torch", "2.13.0+cpu", "cp310-cp310-manylinux_2_28_x86_64", ("filelock",)),
               ("torch", "2.12.0+cpu", LINUX, ("filelock",))],
     "default": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ()), ("six", "1.16.0", PURE, ()),
-                ("idna", "3.10", PURE, ())],
+                ("idna", "3.10", PURE, ()), ("uv", UV, "py3-none-manylinux_2_17_x86_64", ())],
+    "no-uv": [("filelock", "3.1.0", PURE, ()), ("six", "1.17.0", PURE, ())],
 }
 
 
@@ -123,6 +126,77 @@ def test_lock_a_project_then_check_it(tmp_path: Path, indexes: str, env: dict[st
     (tmp_path / "pylock.toml").write_text(first[1].decode() + "# edited\n")
     code, _, err = run(capsys, env, "lock", "--check")
     assert code == 11 and "changed since" in err
+
+
+def test_the_build_installer_is_pinned_like_the_closure(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    data = json.loads((tmp_path / "envbuild.lock").read_text())
+    filename = f"uv-{UV}-py3-none-manylinux_2_17_x86_64.whl"
+    assert data["targets"]["default"]["pylock"]["installer"] == {
+        "name": "uv", "version": UV, "url": f"{indexes}/default/files/{filename}",
+        "sha256": _sha("fake:" + filename)}
+    assert "uv" not in data["targets"]["default"]["packages"]  # the build's tool, not the environment's
+    # The Dockerfile installs the layers with that wheel, hash-checked, and keeps it in no layer.
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx")
+    assert code == 0, err
+    assert (tmp_path / "ctx" / "requirements" / "installer.txt").read_text() == \
+        f"uv @ {indexes}/default/files/{filename} --hash=sha256:{_sha('fake:' + filename)}\n"
+    dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert "--target /tmp/envbuild/uv -r /tmp/envbuild/installer.txt" in dockerfile
+    assert "/tmp/envbuild/uv/bin/uv pip install --no-config --no-cache" in dockerfile
+    # The project says pip: the lock --check calls the uv lock stale, and a new lock names none.
+    (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text() + 'installer = "pip"\n')
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "installer now pip, locked uv" in err
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    relocked = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert "installer" not in relocked["pylock"]
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx2")
+    assert code == 0, err
+    assert not (tmp_path / "ctx2" / "requirements" / "installer.txt").exists()
+    assert "/opt/venv/bin/pip install --no-cache-dir --no-deps" in \
+        (tmp_path / "ctx2" / "Dockerfile").read_text()
+
+
+def test_an_index_without_uv_is_a_clear_error(tmp_path: Path, indexes: str, env: dict[str, str],
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """H45: the build's installer cannot be pinned → exit 4 naming it and the way out; nothing written."""
+    monkeypatch.chdir(project(tmp_path, indexes))
+    (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text().replace(
+        "/default/simple", "/no-uv/simple"))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 4 and f"no wheel of uv {UV} (the build's installer)" in err and "--installer pip" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envbuild.toml"]
+    code, _, err = run(capsys, env, "lock", "--installer", "pip")
+    assert code == 0, err
+    # A bad value in the project file: exit 2 naming the key.
+    toml = tmp_path / "envbuild.toml"
+    toml.write_text(toml.read_text() + 'installer = "conda"\n')
+    code, _, err = run(capsys, env, "lock")
+    assert code == 2 and "installer" in err and "unknown installer 'conda'" in err
+
+
+@pytest.mark.parametrize("url", ["https://files.example/uv.whl --index-url http://evil.example/simple",
+                                 "https://files.example/uv.whl\nsix", "file:///tmp/uv.whl",
+                                 "https://files.example/uv.tar.gz"])
+def test_a_hostile_installer_entry_is_refused(tmp_path: Path, indexes: str, env: dict[str, str],
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """H46: the installer's URL becomes a requirements line: anything but a plain wheel URL → 2."""
+    monkeypatch.chdir(project(tmp_path, indexes))
+    assert run(capsys, env, "lock")[0] == 0
+    data = json.loads((tmp_path / "envbuild.lock").read_text())
+    data["targets"]["default"]["pylock"]["installer"]["url"] = url
+    (tmp_path / "envbuild.lock").write_text(json.dumps(data))
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "ctx")
+    assert code == 2 and "installer url" in err
+    assert not (tmp_path / "ctx").exists()
 
 
 def test_a_flag_overrides_the_project_file(tmp_path: Path, indexes: str, env: dict[str, str],

@@ -58,6 +58,10 @@ def add_commands(commands: Any) -> None:
                    help="re-resolve NAME only (repeatable); the other pins are kept")
     p.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="also take wheels from DIR (a wheelhouse; recorded in the pylock by path)")
+    p.add_argument("--installer", choices=("uv", "pip"), default=None,
+                   help="what the build installs the closure with (default: the project's "
+                        "'installer', else uv: its wheel is pinned in the lock like the rest, "
+                        "used by the build step and not kept in the image; pip: the image's own)")
     p.set_defaults(run=cmd_lock)
 
 
@@ -240,7 +244,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
            plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
     from envbuild.pylock.uv import ClosureSpec, compile_closure, platform_glibc
-    from envbuild.render.lock import PylockRef, check_lock, distro_glibc, pins
+    from envbuild.render.lock import Installer, PylockRef, check_lock, distro_glibc, pins
     from envbuild.render.lockset import pylock_name, sha256_text
     from envbuild.upstream.pipconfig import index_url as configured_index
 
@@ -265,14 +269,37 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         offline=args.offline,
         env=env,
     )
+    spec = replace(spec, installer=_installer_version(args, project, old, spec))
     closure = compile_closure(spec)
+    wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
-                    platform=f"x86_64-manylinux_{glibc.replace('.', '_')}", text=closure.pylock_text)
+                    platform=f"x86_64-manylinux_{glibc.replace('.', '_')}", text=closure.pylock_text,
+                    installer=None if wheel is None else Installer(
+                        name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=())
     check_lock(locked)
     return locked
+
+
+def installer_choice(args: argparse.Namespace, project: Project | None) -> str:
+    """uv or pip: the flag, else the project's ``installer``, else uv."""
+    return str(args.installer or (project.installer if project is not None else None) or "uv")
+
+
+def _installer_version(args: argparse.Namespace, project: Project | None, old: Lock | None,
+                       spec: Any) -> str | None:
+    """The uv version the build installs with: the previous lock's (kept like every other pin,
+    unless --upgrade), else the version of the uv that resolves the closure; None for pip."""
+    from envbuild.pylock.uv import find_uv, uv_version
+
+    if installer_choice(args, project) == "pip":
+        return None
+    if old is not None and old.pylock is not None and old.pylock.installer is not None and not args.upgrade \
+            and "uv" not in args.upgrade_package:
+        return old.pylock.installer.version
+    return uv_version(find_uv(spec.uv))
 
 
 def _write(path: Path, lockset: LockSet, out: Out) -> None:
@@ -329,7 +356,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
             reasons.append(f"target {plan.name}: a stack-only lock (no closure)")
             continue
         now = _target_lock(args, env, matrix, plan)
-        reasons.extend(f"target {plan.name}: {r}" for r in _differences(locked, now))
+        reasons.extend(f"target {plan.name}: {r}"
+                       for r in _differences(locked, now, installer_choice(args, project)))
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
                         hint="run 'envbuild lock' and commit the result")
@@ -337,7 +365,7 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
     return 0
 
 
-def _differences(locked: Lock, now: Lock) -> list[str]:
+def _differences(locked: Lock, now: Lock, installer: str) -> list[str]:
     """What today's stack resolution and options would change in a locked target."""
     found: list[str] = []
     if now.stack != locked.stack:
@@ -350,5 +378,9 @@ def _differences(locked: Lock, now: Lock) -> list[str]:
     for field in ("apt_packages", "env", "user", "flavor", "index_url", "companions", "python_standalone"):
         if getattr(now, field) != getattr(locked, field):
             found.append(f"{field} changed")
+    assert locked.pylock is not None
+    uses = "pip" if locked.pylock.installer is None else locked.pylock.installer.name
+    if installer != uses:
+        found.append(f"installer now {installer}, locked {uses}")
     return found
 

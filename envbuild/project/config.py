@@ -32,7 +32,8 @@ TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter")
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("apt-packages", "env", "user", "base-image", "index-url", "torch-index-url",
-              "find-links", "registry-mirrors")
+              "find-links", "registry-mirrors", "installer")
+INSTALLER_CHOICES = ("uv", "pip")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
@@ -316,6 +317,10 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         except UsageError as exc:
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
     find_links = _find_links(reader, table, root)
+    installer = reader.string(table, "installer", [])
+    if installer is not None and installer not in INSTALLER_CHOICES:
+        raise reader.fail(["installer"], f"unknown installer {installer!r}",
+                          "uv (the default: parallel downloads) or pip (the image's own)")
     files = sorted({(_relative(p, root), d) for p, d in sources})
     return Project(
         path=path, root=root, targets=targets,
@@ -330,7 +335,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         base_image=reader.string(table, "base-image", []),
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
-        find_links=find_links, registry_mirrors=dict(sorted(mirrors.items())),
+        find_links=find_links, registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
 

@@ -44,6 +44,7 @@ class Project:
     torch_index_url: str | None = None
     find_links: tuple[str, ...] = ()
     registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
+    installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()
 

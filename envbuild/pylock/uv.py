@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -48,7 +48,7 @@ from packaging.utils import canonicalize_name
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import check_index_hashes
-from envbuild.pylock.install import glibc_minor, python_minor
+from envbuild.pylock.install import glibc_minor, install_requirements, python_minor
 from envbuild.redact import redact
 from envbuild.upstream import pipconfig
 
@@ -86,8 +86,19 @@ class ClosureSpec:
     upgrade_packages: tuple[str, ...] = ()
     offline: bool = False
     uv: str | None = None
+    installer: str | None = None  # a uv version to pin as the build's installer; None: pip installs
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
+
+
+@dataclass(frozen=True)
+class InstallerWheel:
+    """The installer's one wheel for the closure's platform, as the index gave it."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,21 @@ class Closure:
     pylock_text: str
     packages: dict[str, str]  # canonical name -> version, every distribution of the pylock
     torch_layer: frozenset[str]  # canonical names: the pinned packages and their closure
+    installer: InstallerWheel | None = None
+
+
+def uv_version(uv: str) -> str:
+    """The version of the uv binary ``uv`` ("0.13.9"), from ``uv --version``."""
+    try:
+        done = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"cannot run uv ({uv}): {exc}", hint="pip install uv") from exc
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) < 2 or words[0] != "uv" \
+            or not re.fullmatch(r"[0-9]+(?:\.[0-9]+)*", words[1], re.ASCII):
+        raise UsageError(f"{uv} --version did not name a uv version ({done.stdout.strip()[:80]!r})",
+                         hint="pip install uv")
+    return words[1]
 
 
 def find_uv(explicit: str | None) -> str:
@@ -222,7 +248,44 @@ def compile_closure(spec: ClosureSpec) -> Closure:
             layer = _torch_layer(uv, spec, default_index, pylock.versions(), work, uv_env, deadline)
             if checked is not None:
                 checked.result()
-    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer)
+        installer = None if spec.installer is None else \
+            _installer(uv, spec, default_index, work, uv_env, env, deadline)
+    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=installer)
+
+
+def _installer(uv: str, spec: ClosureSpec, default_index: str, work: Path, uv_env: dict[str, str],
+               env: Mapping[str, str], deadline: float) -> InstallerWheel:
+    """uv at ``spec.installer`` from the default index: its wheel for the closure's platform,
+    the sha256 checked against the index like every file of the closure."""
+    assert spec.installer is not None
+    tool = work / "installer"
+    tool.mkdir()
+    (tool / "pyproject.toml").write_text(
+        f'[project]\nname = "envbuild-installer"\nversion = "0"\n'
+        f'dependencies = [{_toml_string("uv==" + spec.installer)}]\n', encoding="utf-8")
+    command = _command(uv, replace(spec, find_links=()), default_index, OUTPUT, hashes=True)
+    try:
+        _run(command, tool, uv_env, deadline, spec)
+    except TooSlow:
+        raise
+    except (DataError, NoCompatibleStack):
+        raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on {redact(default_index)} "
+                        f"for {platform_glibc_tag(spec.glibc)}",
+                        hint="make uv available on that index, or lock with --installer pip") from None
+    pylock = read_pylock((tool / OUTPUT).read_text(encoding="utf-8"))
+    if not spec.offline:
+        check_index_hashes(pylock, lambda name: default_index, env=env,
+                           timeout=max(deadline - time.monotonic(), 1.0))
+    line = install_requirements(pylock, ["uv"], python=spec.python, glibc=spec.glibc).strip()
+    match = re.fullmatch(r"uv @ (\S+) --hash=sha256:([0-9a-f]{64})", line)
+    if match is None:
+        raise DataError(f"the index's uv {spec.installer} is not one remote wheel with a sha256 "
+                        f"({line[:120]})", hint="lock with --installer pip")
+    return InstallerWheel(name="uv", version=spec.installer, url=match.group(1), sha256=match.group(2))
+
+
+def platform_glibc_tag(glibc: str) -> str:
+    return f"x86_64-manylinux_2_{glibc_minor(glibc)}"
 
 
 def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
@@ -273,8 +336,12 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
         raise uv_failure(done.stderr, spec)
 
 
+class TooSlow(DataError):
+    """uv ran past the lock's deadline."""
+
+
 def _too_slow(spec: ClosureSpec) -> DataError:
-    return DataError(f"uv did not finish resolving the closure within {spec.timeout:g} s",
+    return TooSlow(f"uv did not finish resolving the closure within {spec.timeout:g} s",
                      hint="the index may be slow or unreachable; retry, or raise the timeout")
 
 

@@ -342,7 +342,13 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "buildkit": buildkit,
         "pip_cache": buildkit,  # partials/torch_install.j2: keep pip's cache (a cache mount)
         "ca_secret": CA_SECRET_PATH,
+        "installer": None if lock.pylock is None or lock.pylock.installer is None
+        else lock.pylock.installer.name,
+        "installer_file": INSTALLER_FILE,
     }
+
+
+INSTALLER_FILE = "installer.txt"  # under requirements/: the hash-pinned uv wheel
 
 
 def render_docker(lock: Lock, options: RenderOptions, *,
@@ -367,6 +373,8 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         wheelhouse = tuple(wheels)
         for name, text in requirements.items():
             files[f"requirements/{name}.txt"] = text.encode("utf-8")
+        if lock.pylock.installer is not None:  # uv, for the steps that install the layers
+            files[f"requirements/{INSTALLER_FILE}"] = lock.pylock.installer.requirement().encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,

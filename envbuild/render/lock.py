@@ -67,7 +67,9 @@ _PEP440_RE = re.compile(r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?
                         r"(?:\.dev[0-9]+)?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?", re.ASCII)
 _PLATFORM_RE = re.compile(r"x86_64-manylinux_2_[0-9]{2}", re.ASCII)
 _PYLOCK_NAME_RE = re.compile(r"pylock(?:\.[a-z0-9][a-z0-9_-]{0,31})?\.toml", re.ASCII)
+_WHEEL_URL_RE = re.compile(r"https?://[A-Za-z0-9._~:/?&=%+!@-]+\.whl", re.ASCII)
 LAYER_SOURCE = "wheel sizes"
+INSTALLERS = ("uv",)  # what a lock may name to install its layers; else the image's pip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +78,24 @@ class Standalone:
 
     url: str
     sha256: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Installer:
+    """The wheel of the installer a build runs for the closure's layers (uv), pinned like the
+    closure: its version, the one file for the lock's platform and that file's sha256. It is
+    installed outside the environment for the step that uses it and removed with the step."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "url": self.url, "sha256": self.sha256}
+
+    def requirement(self) -> str:
+        return f"{self.name} @ {self.url} --hash=sha256:{self.sha256}\n"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,11 +120,15 @@ class PylockRef:
     sha256: str
     torch_layer: tuple[str, ...]
     platform: str  # what the closure was resolved for: x86_64-manylinux_2_NN (NN: the Ubuntu's glibc)
+    installer: Installer | None = None  # None: the image's own pip installs the layers
     text: str = field(default="", compare=False)  # the file's content when made or read
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "sha256": self.sha256, "torch_layer": list(self.torch_layer),
-                "platform": self.platform}
+        data: dict[str, Any] = {"file": self.file, "sha256": self.sha256,
+                                "torch_layer": list(self.torch_layer), "platform": self.platform}
+        if self.installer is not None:
+            data["installer"] = self.installer.to_json()
+        return data
 
     @property
     def glibc(self) -> str:
@@ -413,6 +437,17 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
     if not _PLATFORM_RE.fullmatch(ref.platform):
         raise UsageError(f"invalid pylock platform {ref.platform!r} in the lock",
                          hint="x86_64-manylinux_2_NN")
+    if ref.installer is not None:
+        installer = ref.installer
+        if installer.name not in INSTALLERS or not _PEP440_RE.fullmatch(installer.version):
+            raise UsageError(f"invalid installer {installer.name!r} {installer.version!r} in the lock",
+                             hint="re-create the lock")
+        # The URL becomes a requirements line: nothing but a plain http(s) URL may reach it.
+        check_url(installer.url, "installer url")
+        if not _WHEEL_URL_RE.fullmatch(installer.url):
+            raise UsageError("the lock's installer url is not a plain URL of a wheel",
+                             hint="re-create the lock")
+        check_sha256(installer.sha256, "installer sha256")
 
 
 def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
@@ -518,11 +553,21 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
 
 
 def _pylock(raw: Any) -> PylockRef:
-    if not isinstance(raw, dict) or set(raw) != {"file", "sha256", "torch_layer", "platform"}:
-        raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform")
+    if not isinstance(raw, dict) or not {"file", "sha256", "torch_layer", "platform"} <= set(raw) \
+            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer"}:
+        raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform (installer optional)")
     return PylockRef(file=_str(raw["file"], "pylock file"), sha256=_str(raw["sha256"], "pylock sha256"),
                      torch_layer=tuple(_strings(raw["torch_layer"], "pylock torch_layer")),
-                     platform=_str(raw["platform"], "pylock platform"))
+                     platform=_str(raw["platform"], "pylock platform"),
+                     installer=_installer(raw["installer"]) if "installer" in raw else None)
+
+
+def _installer(raw: Any) -> Installer:
+    if not isinstance(raw, dict) or set(raw) != {"name", "version", "url", "sha256"}:
+        raise UsageError("lock pylock 'installer' needs name, version, url and sha256")
+    return Installer(name=_str(raw["name"], "installer name"),
+                     version=_str(raw["version"], "installer version"),
+                     url=_str(raw["url"], "installer url"), sha256=_str(raw["sha256"], "installer sha256"))
 
 
 def _layer(raw: Any) -> Layer:
