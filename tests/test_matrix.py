@@ -142,10 +142,30 @@ def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path
 
 def test_arch_beyond_the_variants_nvcc_is_reported(data_copy: Path) -> None:
     # cuda_archs.yaml: nvcc 13.x no longer targets Maxwell-Volta, so a cu130 wheel cannot carry sm_70.
-    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX", "- sm_70\n  - sm_120+PTX")
+    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471",
+             "- sm_70\n  - sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471")
     problems = _problems(data_copy)
     assert any(p.startswith("torch_variants.yaml row ") and "names sm_70, which nvcc 13.0 cannot target"
                in p for p in problems), problems
+
+
+def test_variant_python_must_be_the_index_wheels(data_copy: Path) -> None:
+    """docs/faults.md O1: a release's variants list the CPython versions of its wheels on the
+    index (torch_pypi.yaml); 1.13 once left out the cp311 wheel the index lists."""
+    _replace(data_copy / "torch_variants.yaml", '  - "3.10"\n  - "3.11"\n  arch_list: []',
+             '  - "3.10"\n  arch_list: []')
+    problems = _problems(data_copy)
+    assert ("torch_variants.yaml row 1: python 3.7, 3.8, 3.9, 3.10 differs from the CPython wheels of "
+            "torch 1.13.0 on the package index (3.7, 3.8, 3.9, 3.10, 3.11, torch_pypi.yaml)") in problems
+
+
+def test_variant_python_the_index_has_no_wheel_for_is_reported(data_copy: Path) -> None:
+    """docs/faults.md O1: a version without a wheel on the index is refused too."""
+    _replace(data_copy / "torch_variants.yaml", '  - "3.10"\n  - "3.11"\n  arch_list: []',
+             '  - "3.10"\n  - "3.11"\n  - "3.12"\n  arch_list: []')
+    problems = _problems(data_copy)
+    assert any(p.startswith("torch_variants.yaml row 1: python 3.7, 3.8, 3.9, 3.10, 3.11, 3.12 differs")
+               for p in problems), problems
 
 
 def test_image_for_an_unsupported_ubuntu_is_reported(data_copy: Path) -> None:
