@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,10 +166,15 @@ def push_image(client: Any, image: str, repository: str, tag: str) -> str:
 
 
 _ENGINE: list[Any] = []
+# Every test session that uses the engine holds this file shared; a module's clean-up removes
+# images only while it can hold it alone, so a second session (another checkout's tests) never
+# loses an image in the middle of a build.
+_SESSIONS_LOCK = Path(tempfile.gettempdir()) / "envbuild-tests-docker.lock"
 
 
-def _engine() -> Any:
-    """The engine's client if one answers, else None; asked once per session."""
+def _engine() -> tuple[Any, int] | None:
+    """The engine's client and this session's shared hold on _SESSIONS_LOCK, if an engine
+    answers; asked once per session."""
     if not _ENGINE:
         import os
 
@@ -176,9 +183,12 @@ def _engine() -> Any:
         try:
             client = connect(os.environ, timeout=600.0)
         except Exception:  # no engine: nothing to clean
-            client = None
-        _ENGINE.append(client)
-    return _ENGINE[0]
+            _ENGINE.append(None)
+        else:
+            fd = os.open(_SESSIONS_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            _ENGINE.append((client, fd))
+    return _ENGINE[0]  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -186,17 +196,26 @@ def _images_made_here_are_removed() -> Iterator[None]:
     """Every image a test module built (tagged, or a build stage left dangling) is removed when
     the module ends. A torch image is over 1 GB and its build stage as much again; kept for the
     whole suite they filled a CI machine's disk (no space left on device) before the last
-    module ran."""
-    client = _engine()
-    if client is None:
+    module ran. Skipped while another test session uses the engine (its images are new too)."""
+    engine = _engine()
+    if engine is None:
         yield
         return
+    client, fd = engine
     before = {image["Id"] for image in client.images(all=True)}
     yield
-    for image in client.images(all=True):
-        if image["Id"] not in before:
-            with contextlib.suppress(Exception):  # already gone, or a child removed it first
-                client.remove_image(image["Id"], force=True)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # alone: no other session is building
+    except BlockingIOError:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return
+    try:
+        for image in client.images(all=True):
+            if image["Id"] not in before:
+                with contextlib.suppress(Exception):  # already gone, or removed with a child
+                    client.remove_image(image["Id"], force=True)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 @pytest.fixture(scope="session")

@@ -299,9 +299,6 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"default variant {r['default_variant']} of torch {r['torch']} is not in "
           "torch_variants.yaml")
     check("torch_variants", lambda r: _beyond_nvcc(r, relations))
-    index_pythons = {r["torch"]: [p for p in r["python"] if not p.endswith("t")]
-                     for r in relations.get("torch_pypi", ())}
-    check("torch_variants", lambda r: _python_off_index(r, index_pythons))
     check("torch_companions", _companion_unexplained)
     check("cuda_images", lambda r: _unsupported_ubuntu(r, relations))
     on_index = {r["torch"] for r in relations.get("torch_pypi", ())}
@@ -343,18 +340,6 @@ def _beyond_nvcc(row: Row, relations: Mapping[str, tuple[Row, ...]]) -> str | No
         return None
     return (f"arch list names {', '.join(beyond)}, which nvcc {row['cuda']} cannot target "
             "(cuda_archs.yaml)")
-
-
-def _python_off_index(row: Row, index_pythons: Mapping[str, list[str]]) -> str | None:
-    """A variant lists the CPython versions of its release's wheels on the package index
-    (torch_pypi.yaml, read from the index's file list): a version the index has no wheel for,
-    or one it has and the row leaves out, is a misread (issue 13: a release said to lack the
-    cp311 wheel the index lists). A release the index does not list is not judged."""
-    on_index = index_pythons.get(row["torch"])
-    if on_index is None or row["python"] == on_index:
-        return None
-    return (f"python {', '.join(row['python'])} differs from the CPython wheels of torch "
-            f"{row['torch']} on the package index ({', '.join(on_index)}, torch_pypi.yaml)")
 
 
 def _unsupported_ubuntu(row: Row, relations: Mapping[str, tuple[Row, ...]]) -> str | None:
