@@ -142,10 +142,39 @@ def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path
 
 def test_arch_beyond_the_variants_nvcc_is_reported(data_copy: Path) -> None:
     # cuda_archs.yaml: nvcc 13.x no longer targets Maxwell-Volta, so a cu130 wheel cannot carry sm_70.
-    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX", "- sm_70\n  - sm_120+PTX")
+    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471",
+             "- sm_70\n  - sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471")
     problems = _problems(data_copy)
     assert any(p.startswith("torch_variants.yaml row ") and "names sm_70, which nvcc 13.0 cannot target"
                in p for p in problems), problems
+
+
+def _python_off_index(directory: Path) -> list[str]:
+    """Variant rows whose CPython versions are not those of their release's wheels on the index
+    (torch_pypi.yaml, read from the index's file list; free-threaded tags aside)."""
+    data = matrix.load(directory)
+    on_index = {r["torch"]: [p for p in r["python"] if not p.endswith("t")] for r in data.rows("torch_pypi")}
+    return [f"{r['torch']} {r['variant']}: {', '.join(r['python'])} vs {', '.join(on_index[r['torch']])}"
+            for r in data.rows("torch_variants")
+            if r["torch"] in on_index and list(r["python"]) != on_index[r["torch"]]]
+
+
+def test_variant_python_is_the_index_wheels() -> None:
+    """docs/faults.md O1: each release's variants list the CPython versions of its wheels on the
+    index; 1.13 once left out the cp311 wheels the index lists."""
+    assert _python_off_index(BUNDLED) == []
+
+
+def test_variant_python_check_sees_a_missing_and_an_extra_version(data_copy: Path) -> None:
+    """docs/faults.md O1: the check above can fail, both ways."""
+    _replace(data_copy / "torch_variants.yaml", '  - "3.10"\n  - "3.11"\n  arch_list: []',
+             '  - "3.10"\n  arch_list: []')
+    assert _python_off_index(data_copy) == ["1.13.0 cpu: 3.7, 3.8, 3.9, 3.10 vs 3.7, 3.8, 3.9, 3.10, 3.11"]
+    _replace(data_copy / "torch_variants.yaml", '  - "3.10"\n  arch_list: []',
+             '  - "3.10"\n  - "3.11"\n  - "3.12"\n  arch_list: []')
+    matrix.load.cache_clear()
+    assert _python_off_index(data_copy) == [
+        "1.13.0 cpu: 3.7, 3.8, 3.9, 3.10, 3.11, 3.12 vs 3.7, 3.8, 3.9, 3.10, 3.11"]
 
 
 def test_image_for_an_unsupported_ubuntu_is_reported(data_copy: Path) -> None:
