@@ -5,10 +5,11 @@ One run, side by side, on a sample project (torch's package-index wheel, its CUD
 nvidia-* wheels, plus a few small dependencies), locked with ``envbuild lock``:
 
   lock            seconds for ``envbuild lock`` (uv, the registry digest), cold uv cache
-  download alone  seconds to fetch every wheel the build installs, the same URLs one after
-                  another (as pip does), with nothing else
-  cold build      seconds for ``envbuild build --no-cache`` of that lock
-  ratio           cold build / download alone                                  target <= 1.3
+  download alone  seconds to fetch every wheel the build installs, with nothing else: the
+                  same URLs one after another (as pip fetches), and 8 at a time (as uv does)
+  cold build      seconds for ``envbuild build --no-cache`` of that lock, once per installer
+                  the lock can name (uv, the default, and pip), side by side
+  ratio           cold build / download alone (the faster of the two)           target <= 1.3
   rebuild         seconds to re-lock and rebuild after adding one dependency (after one plain
                   build of the first lock), and whether the torch layer came from the cache
 
@@ -96,8 +97,8 @@ def project(directory: Path, base: str, torch: str, variant: str, deps: list[str
         f"base-image = {json.dumps(base)}\n")
 
 
-def download_alone(context: Path) -> tuple[float, int, int]:
-    """Fetch every URL of the build's requirements files, one after another, into a temp dir."""
+def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
+    """Fetch every URL of the build's requirements files, ``workers`` at a time, into a temp dir."""
     urls = [line.split(" @ ", 1)[1].split(" ", 1)[0]
             for name in ("torch.txt", "project.txt")
             if (context / "requirements" / name).is_file()
@@ -107,14 +108,20 @@ def download_alone(context: Path) -> tuple[float, int, int]:
 
     tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
     opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
-    total = 0
-    with tempfile.TemporaryDirectory(prefix="envbuild-bench-dl-") as scratch:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fetch(index: int, url: str, scratch: str) -> int:
+        size = 0
+        with opener.open(url, timeout=600) as answer, open(Path(scratch) / str(index), "wb") as out:
+            while chunk := answer.read(1 << 20):
+                size += len(chunk)
+                out.write(chunk)
+        return size
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-dl-") as scratch, \
+            ThreadPoolExecutor(max_workers=workers) as pool:
         start = time.perf_counter()
-        for index, url in enumerate(urls):
-            with opener.open(url, timeout=600) as answer, open(Path(scratch) / str(index), "wb") as out:
-                while chunk := answer.read(1 << 20):
-                    total += len(chunk)
-                    out.write(chunk)
+        total = sum(pool.map(lambda item: fetch(item[0], item[1], scratch), enumerate(urls)))
         return time.perf_counter() - start, len(urls), total
 
 
@@ -131,7 +138,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", default="==2.13.0")
     parser.add_argument("--variant", default="default")
+    parser.add_argument("--installers", default="uv,pip", help="comma-separated, built in this order")
     args = parser.parse_args()
+    installers = args.installers.split(",")
+    tags = [f"envbuild-bench/locked:{t}" for t in (*installers, "primed", "added")]
+    cold: dict[str, tuple[float, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockbuild-") as scratch:
         root = Path(scratch)
         registry, address = start_registry(root)
@@ -145,35 +156,42 @@ def main() -> int:
             lock_s, _ = envbuild("lock", cwd=work)
             locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
             envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
-            download_s, files, size = download_alone(work / "ctx")
-            cold_s, cold = build(work, "envbuild-bench/locked:cold", "--no-cache")
+            serial_s, files, size = download_alone(work / "ctx")
+            parallel_s, _, _ = download_alone(work / "ctx", workers=8)
+            for installer in installers:
+                envbuild("lock", "--installer", installer, cwd=work)
+                cold[installer] = build(work, f"envbuild-bench/locked:{installer}", "--no-cache")
+            envbuild("lock", "--installer", installers[0], cwd=work)
             # The classic builder keeps one cache chain per build; after a --no-cache build it may
             # probe an older chain and miss. One plain build of the same lock makes this one the
             # chain the rebuild finds (untimed: it is what a team's previous build would be).
             build(work, "envbuild-bench/locked:primed")
             project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
-            relock_s, _ = envbuild("lock", cwd=work)
+            relock_s, _ = envbuild("lock", "--installer", installers[0], cwd=work)
             rebuild_s, again = build(work, "envbuild-bench/locked:added")
         finally:
             registry.terminate()
             registry.wait(10)
             # Each image is several GB: leave none of them behind.
-            subprocess.run(["docker", "rmi", "-f", *(f"envbuild-bench/locked:{t}" for t in
-                                                     ("cold", "primed", "added"))],
-                           capture_output=True, check=False)
+            subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
     ran = " ".join(again["ran"])
     reused = "torch.txt" not in ran and "project.txt" in ran
-    ratio = cold_s / download_s
+    fastest = min(serial_s, parallel_s)
     print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
           f"{locked['stack']['python']}: {len(locked['packages'])} distributions, "
           f"{len(locked['pylock']['torch_layer'])} in the torch layer")
     print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
-    print(f"download alone  {download_s:7.1f} s ({files} wheels, {size / 1e9:.2f} GB)")
-    print(f"cold build      {cold_s:7.1f} s (--no-cache; image {cold['size'] / 1e9:.2f} GB)")
-    print(f"ratio           {ratio:7.2f}x  (cold build / download alone; target <= {TARGET_RATIO})"
-          f"  {'ok' if ratio <= TARGET_RATIO else 'OVER TARGET'}")
+    print(f"download alone  {serial_s:7.1f} s one after another, {parallel_s:.1f} s 8 at a time "
+          f"({files} wheels, {size / 1e9:.2f} GB)")
+    for installer, (seconds, report) in cold.items():
+        ratio = seconds / fastest
+        verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
+        print(f"cold build {installer:<4} {seconds:7.1f} s (--no-cache; image {report['size'] / 1e9:.2f} GB)"
+              f"  ratio {ratio:.2f}x (target <= {TARGET_RATIO})  {verdict}")
     print(f"rebuild         {relock_s + rebuild_s:7.1f} s after adding {ADDED} (lock {relock_s:.1f} s "
-          f"+ build {rebuild_s:.1f} s); torch layer from cache: {'yes' if reused else 'NO'}")
+          f"+ build {rebuild_s:.1f} s, {installers[0]}); torch layer from cache: {'yes' if reused else 'NO'}")
+    print("build stages    left dangling by the classic builder: remove with 'docker image prune' "
+          "when no other build runs")
     return 0 if reused else 1
 
 
