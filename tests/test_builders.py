@@ -121,6 +121,33 @@ def test_buildkit_closure_layers_use_the_cache_and_the_secret(cpu_lock: lockmod.
         assert "--no-deps --no-index --require-hashes" in line and "--no-cache-dir" not in line
 
 
+@pytest.mark.parametrize("buildkit", [True, False])
+def test_closure_layers_installed_by_uv_keep_no_uv_and_cache_only_in_a_mount(cpu_lock: lockmod.Lock,
+                                                                            buildkit: bool) -> None:
+    ctx = render.context(cpu_lock, ca_bundle=True, buildkit=buildkit, project_requirements=True)
+    ctx.update(closure=True, pylock_file="pylock.toml", installer="uv")
+    dockerfile = environment().get_template("Dockerfile.j2").render(ctx)
+    locked = [line for _, line in runs(dockerfile) if "--require-hashes" in line]
+    assert len(locked) == 2
+    # Each RUN step up to its last line (a line not ending in a backslash).
+    steps = [re.match(r"(?:[^\n]*\\\n)*[^\n]*", part).group(0)  # type: ignore[union-attr]
+             for part in dockerfile.split("\nRUN ")[1:]]
+    uv_steps = [step for step in steps if "/tmp/envbuild/uv/bin/uv pip install" in step]
+    assert len(uv_steps) == 2
+    for step in uv_steps:
+        # uv comes from the lock's hash-pinned wheel and leaves with the step that used it.
+        assert "--only-binary :all: \\\n    --target /tmp/envbuild/uv -r /tmp/envbuild/installer.txt" in step
+        assert step.endswith("&& rm -rf /tmp/envbuild")
+        assert "--no-deps --no-index --require-hashes --only-binary :all: --compile-bytecode" in step
+        if buildkit:  # uv's cache lives in a cache mount, never in the layer
+            assert step.startswith("--mount=type=secret,id=ca")
+            assert "--mount=type=cache,target=/root/.cache/uv" in step
+            assert "UV_LINK_MODE=copy" in step and "uv pip install --no-config --python" in step
+        else:
+            assert "--mount" not in step and "uv pip install --no-config --no-cache --python" in step
+    assert "COPY requirements/installer.txt requirements/torch.txt /tmp/envbuild/" in dockerfile
+
+
 def test_build_image_passes_the_bundle_as_a_secret_and_not_in_the_context() -> None:
     seen: dict[str, object] = {}
 
