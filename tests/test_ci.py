@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.peaks import peaks_json
+from envbuild.data.versions import parse_requirement
 from envbuild.errors import DataError, UsageError
 from envbuild.fs import MARKER
 from envbuild.render import bake, ci, github
@@ -504,10 +505,25 @@ def test_bad_input_exits_2_and_writes_nothing(argv: list[str], tmp_path: Path,
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_no_distro_python_stack_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_ci(capsys, "github", "--driver", "550", "--python", "3.12",
+def test_standalone_python_stack_renders_the_recorded_build(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], matrix: matrixmod.Matrix) -> None:
+    code, _, err = run_ci(capsys, "github", "--driver", "550", "--python", "3.12", "--ubuntu", "22.04",
                           "--registry", GHCR, "-o", str(tmp_path / "out"))
-    assert code == 2 and "python3" in err and not (tmp_path / "out").exists()
+    assert code == 0, err
+    row = next(r for r in matrix.rows("python_standalone") if r["python"] == "3.12" and r["arch"] == "x86_64")
+    dockerfiles = [p.read_text() for p in (tmp_path / "out").rglob("Dockerfile")]
+    assert dockerfiles and all(f'echo "{row["sha256"]}  /tmp/python.tar.gz" | sha256sum -c -' in text
+                               and row["url"] in text for text in dockerfiles)
+
+
+def test_no_python_source_stack_exits_2(matrix: matrixmod.Matrix) -> None:
+    """Data without the recorded build (edited after resolving): skipped, then a one-line error."""
+    stacks = resolve(Request(python=parse_requirement("python", "3.12"), ubuntu="22.04"), matrix).stacks
+    bare = matrixmod.Matrix(directory=matrix.directory, digest=matrix.digest,
+                            relations={**matrix.relations, "python_standalone": ()})
+    with pytest.raises(UsageError, match="python3 or a recorded standalone build") as info:
+        ci.select_stacks(stacks, bare, top=2)
+    assert info.value.exit_code == 2
 
 
 def test_existing_output_untouched_without_force(tmp_path: Path,

@@ -691,7 +691,7 @@ def test_wheels_source_is_named_not_part_of_all(upstream: Upstream, data: Path, 
     assert chosen() == chosen("all") == refresh.SOURCES
     assert "wheels" not in refresh.SOURCES
     assert chosen("wheels", "pypi") == ("pypi", "wheels")  # the order the data needs
-    assert chosen("all", "wheels") == ("nvidia", "pypi", "wheels", "pytorch", "tags")
+    assert chosen("all", "wheels") == ("nvidia", "pypi", "wheels", "pytorch", "tags", "python")
 
     record_index(upstream)
     with_torch_98(data)

@@ -52,9 +52,13 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "driver550-devel": ({"driver": d("550"), "flavor": "devel"}, {}),
     # a native stack with companions and an older torch
     "driver550-torch241": ({"driver": d("550"), "torch": parse_requirement("torch", "2.4.1")}, {}),
-    # minor-version stack needing a standalone Python (22.04 ships 3.10)
-    "driver550-py312": ({"driver": d("550"), "python": parse_requirement("python", "3.12")},
+    # minor-version stack needing a standalone Python (22.04 ships 3.10), given by URL: the
+    # override wins over the recorded build
+    "driver550-py312": ({"driver": d("550"), "python": parse_requirement("python", "3.12"),
+                         "ubuntu": "22.04"},
                         {"python_url": PY_URL, "python_sha256": SHA}),
+    # the same need with no flag: the build python_standalone.yaml records, sha256 checked
+    "py38-ubuntu2204-recorded": ({"python": parse_requirement("python", "3.8"), "ubuntu": "22.04"}, {}),
     # Kepler K80 on driver 470: cu118 on Ubuntu 20.04 with its python3 (3.8)
     "k80-cu118": ({"driver": d("470"), "gpus": ("K80",),
                    "python": parse_requirement("python", "3.8")}, {}),
@@ -197,11 +201,19 @@ def test_bad_option_is_usage_error(bad: dict[str, Any]) -> None:
 
 
 def test_standalone_python_required(matrix: matrixmod.Matrix) -> None:
-    # Ubuntu 22.04 ships 3.10: 3.12 there needs a standalone build (or a --base-image).
+    # Ubuntu 22.04 ships 3.10: 3.12 there needs a standalone build (or a --base-image): the
+    # recorded one with no flag; without a recorded build, a one-line error (L4).
     stack = top(matrix, variant="cpu", ubuntu="22.04", python=parse_requirement("python", "3.12"))
     assert stack.ubuntu == "22.04"
-    with pytest.raises(UsageError, match="standalone"):
-        render.lock_for(stack, matrix, render.RenderOptions())
+    lock = render.lock_for(stack, matrix, render.RenderOptions())
+    row = next(r for r in matrix.rows("python_standalone") if r["python"] == "3.12" and r["arch"] == "x86_64")
+    assert lock.python_provision == "standalone"
+    assert lock.python_standalone == lockmod.Standalone(url=row["url"], sha256=row["sha256"])
+    bare = matrixmod.Matrix(directory=matrix.directory, digest=matrix.digest,
+                            relations={**matrix.relations, "python_standalone": ()})
+    with pytest.raises(UsageError, match="no standalone build of it is recorded") as info:
+        render.lock_for(stack, bare, render.RenderOptions())
+    assert info.value.exit_code == 2 and "\n" not in info.value.one_line()
 
 
 def test_existing_output_untouched_without_force(matrix: matrixmod.Matrix, tmp_path: Path) -> None:

@@ -278,7 +278,8 @@ _BASE: dict[str, Stack] = {}
 def _stacks(m: matrixmod.Matrix) -> dict[str, Stack]:
     if not _BASE:
         _BASE["distro"] = top(m, driver=d("550"))
-        _BASE["standalone"] = top(m, driver=d("550"), python=parse_requirement("python", "3.12"))
+        _BASE["standalone"] = top(m, driver=d("550"), python=parse_requirement("python", "3.12"),
+                                  ubuntu="22.04")  # 22.04 ships 3.10
     return _BASE
 
 

@@ -41,6 +41,9 @@ def add_refresh_arguments(p: argparse.ArgumentParser) -> None:
                    "https://developer.download.nvidia.com/compute/)")
     p.add_argument("--registry-url", metavar="URL", help="the nvidia/cuda repository's registry "
                    "API (default: https://registry-1.docker.io/v2/nvidia/cuda/)")
+    p.add_argument("--python-downloads-url", metavar="URL", help="uv's list of python-build-standalone "
+                   "builds (default: crates/uv-python/download-metadata.json on uv's main branch, "
+                   "https://raw.githubusercontent.com/astral-sh/uv/main/)")
     p.set_defaults(run=cmd_refresh)
 
 
@@ -58,7 +61,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> refre
         out=out, sources=sources, only=frozenset(args.only or ()),
         offline=args.offline, dry_run=args.dry_run, allow_shrink=args.allow_shrink,
         index_url=args.index_url, pytorch_url=args.pytorch_url, nvidia_url=args.nvidia_url,
-        registry_url=args.registry_url)
+        registry_url=args.registry_url, python_downloads_url=args.python_downloads_url)
 
 
 def cmd_refresh(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:

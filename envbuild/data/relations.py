@@ -25,6 +25,7 @@ RELATIONS = (
     "torch_companions",
     "cuda_images",
     "ubuntu_python",
+    "python_standalone",
     "ci_actions",
 )
 # Relations no stack is resolved from (the CI workflow's action pins): left out of

@@ -21,6 +21,11 @@ _CC_RE = re.compile(r"\d{1,2}\.\d")
 _ACTION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TAG_RE = re.compile(r"v\d+(\.\d+){0,2}")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_BUILD_RE = re.compile(r"\d{8}")
+# What render's URL check accepts (the URL lands in a shell command line), ending in .tar.gz:
+# the recipes unpack it with tar -xz.
+_ARCHIVE_RE = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/[A-Za-z0-9._~%+=,/-]*\.tar\.gz", re.ASCII)
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -205,6 +210,14 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "python": (PYTHON, True),
         "glibc": (VERSION, False),
     },
+    "python_standalone": {
+        "python": (PYTHON, True),
+        "version": (VERSION, True),
+        "arch": (_one_of("x86_64", "aarch64"), True),
+        "build": (_pattern(_BUILD_RE, "a build date like 20260814"), False),
+        "url": (_pattern(_ARCHIVE_RE, "an https URL of a .tar.gz archive, no quotes or spaces"), True),
+        "sha256": (_pattern(_SHA256_RE, "64 lowercase hex digits"), True),
+    },
     "ci_actions": {
         "action": (_pattern(_ACTION_RE, "an action like owner/name"), True),
         "version": (_pattern(_TAG_RE, "a release tag like v4.1.0"), True),
@@ -310,6 +323,9 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
     check("ci_actions", lambda r: None if r["source"] ==
           f"https://github.com/{r['action']}/tree/{r['version']}" else
           f"source must be https://github.com/{r['action']}/tree/{r['version']}, the tag read")
+    # A build recorded for "3.12" is a 3.12.x (a "3.13t" row a 3.13.x).
+    check("python_standalone", lambda r: None if r["version"].startswith(
+        r["python"].rstrip("t") + ".") else f"version {r['version']} is not a {r['python']} release")
     problems.extend(_duplicate_keys(relations))
     return problems
 
@@ -366,6 +382,7 @@ _KEYS = {
     "torch_companions": ("torch",),
     "cuda_images": ("cuda", "ubuntu"),
     "ubuntu_python": ("ubuntu",),
+    "python_standalone": ("python", "arch"),
     "ci_actions": ("action",),
 }
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from envbuild.errors import UsageError
-from envbuild.render.lock import Lock, check_image_reference, distro_python
+from envbuild.render.lock import Lock, check_image_reference, distro_python, recorded_standalone
 
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
@@ -150,10 +150,12 @@ def target_name(sid: str) -> str:
 
 def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_url: str | None = None,
                   package_index: str | None = None) -> tuple[list[CiStack], list[str]]:
-    """The first ``top`` stacks that render with their Ubuntu's python3, and the ids skipped.
+    """The first ``top`` stacks that render with no flag, and the ids skipped.
 
-    A stack whose Python is not the distro's needs a standalone build pinned by URL and
-    sha256, one per Python: that is a single-stack choice ('envbuild render docker').
+    A stack whose Python is not its Ubuntu's python3 installs the python-build-standalone
+    build matrices/python_standalone.yaml records for it (sha256 checked); one without such a
+    build (the resolver offers none: data edited since) is skipped, since a build by URL and
+    sha256 is a single-stack choice ('envbuild render docker --python-url').
     The wheel index, as for render docker: ``index_url`` (--index-url), else the stack's
     own, else ``package_index`` ($PIP_INDEX_URL, for the 'default' variant)."""
     from envbuild.data.peaks import peaks_json
@@ -168,14 +170,16 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
         sid = stack_id(stack)
         if any(c.id == sid for c in chosen):
             continue
-        if distro_python(matrix, stack.ubuntu) != stack.python:
+        if distro_python(matrix, stack.ubuntu) != stack.python and \
+                recorded_standalone(matrix, stack.python) is None:
             skipped.append(sid)
             continue
         options = RenderOptions(index_url=wheel_index(stack, index_url, package_index))
         lock = lock_for(stack, matrix, options)
         chosen.append(CiStack(id=sid, lock=lock, files=render_docker(lock, options, peaks=peaks)))
     if not chosen:
-        raise UsageError(f"none of the compatible stacks uses its Ubuntu release's python3 "
+        raise UsageError(f"none of the compatible stacks uses its Ubuntu release's python3 or a "
+                         f"recorded standalone build "
                          f"(skipped {', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})",
                          hint="choose --python to match --ubuntu, or render one stack with "
                               "'envbuild render docker --python-url ... --python-sha256 ...'")

@@ -25,7 +25,9 @@ Format (schema 1, JSON object, keys sorted):
                     a lower bound of the installed size (unpacked files are larger; unpinned
                     dependencies such as triton are not counted). Absent: sizes unknown (wheels
                     from PyTorch's own index, whose sizes are not recorded).
-  python_standalone {"url": ..., "sha256": ...} for standalone, else null
+  python_standalone {"url": ..., "sha256": ...} for standalone, else null: --python-url and
+                    --python-sha256 when given, else the stack's Python's x86_64 build recorded in
+                    matrices/python_standalone.yaml
   matrices_digest   sha256 over the compatibility data the stack was resolved from
   apt_packages, pip_packages, env, user   the extra render options
   pylock            optional: the whole closure. {"file": "pylock.toml" | "pylock.NAME.toml"
@@ -205,6 +207,17 @@ def distro_glibc(matrix: Matrix, ubuntu: str) -> str | None:
     return None
 
 
+STANDALONE_ARCH = "x86_64"  # the architecture the recipes install for (NVIDIA's x86_64 repositories)
+
+
+def recorded_standalone(matrix: Matrix, python: str) -> Standalone | None:
+    """The python-build-standalone build python_standalone.yaml records for ``python``."""
+    for row in matrix.rows("python_standalone"):
+        if row["python"] == python and row["arch"] == STANDALONE_ARCH:
+            return Standalone(url=str(row["url"]), sha256=str(row["sha256"]))
+    return None
+
+
 def pins(stack: Stack, *, companions: bool = True) -> dict[str, str]:
     """Exact pins. Wheels from PyTorch's own indexes carry the variant as a local tag
     (2.4.1+cu121); the package index's default wheel (no stack index) carries none.
@@ -261,7 +274,11 @@ def make_lock(
     user: str = "envbuild",
     companions: bool = True,
 ) -> Lock:
-    """Validate the options and freeze them with ``stack`` (overrides win over the stack)."""
+    """Validate the options and freeze them with ``stack`` (overrides win over the stack).
+
+    The stack's Python: Ubuntu's python3 when it is the stack's; else ``python_standalone``
+    (--python-url/--python-sha256); else, under a --base-image, that image's own python3
+    (checked at build time); else the build python_standalone.yaml records for it."""
     image = check_image_reference(base_image if base_image is not None else stack.base_image,
                                    "--base-image")
     provision = "distro" if distro_python(matrix, stack.ubuntu) == stack.python else "standalone"
@@ -271,9 +288,11 @@ def make_lock(
         # it and stops with a clear message when it is not).
         provision = "base"
     if provision == "standalone" and python_standalone is None:
+        python_standalone = recorded_standalone(matrix, stack.python)
+    if provision == "standalone" and python_standalone is None:
         raise UsageError(
             f"Python {stack.python} is not Ubuntu {stack.ubuntu}'s python3, and no standalone "
-            "build was given",
+            "build of it is recorded (matrices/python_standalone.yaml) or given",
             hint="pass --python-url URL --python-sha256 HEX (a python-build-standalone "
                  "install_only tarball for this Python), or choose the distro's --python")
     row = wheel_row(stack, matrix)

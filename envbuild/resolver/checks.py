@@ -8,8 +8,12 @@ THE CHECK ORDER (``evaluate``); the first check that fails is the family's rejec
    --cudnn, --python;
 3. GPU architecture (``check_gpus``): every GPU named is in the wheel's arch list;
 4. driver (``runtime.driver_verdict``): native, minor-version or forward compatibility;
-5. base image (``choose_base``): an Ubuntu whose glibc the wheel accepts, with an
-   nvidia/cuda image of the flavour, else (runtime flavour) plain Ubuntu.
+5. base image and interpreter (``choose_base``): an Ubuntu whose glibc the wheel accepts,
+   with an nvidia/cuda image of the flavour, else (runtime flavour) plain Ubuntu; and the
+   stack's Python: an Ubuntu whose own python3 is one the wheel is built for comes first (it
+   needs nothing extra), else a python-build-standalone build recorded in
+   python_standalone.yaml on the Ubuntu chosen as before. A family with neither is rejected
+   ("python"): no stack is offered that its recipes could not install.
 A family that passes every check becomes one ``Stack`` (``build_stack``). User filters
 come first so that a rejection says what the user can change; the facts come after.
 """
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from envbuild.resolver.index import Index
     from envbuild.resolver.model import Request
     from envbuild.resolver.runtime import Runtime
+
+    Base = tuple[str, str, str | None]  # (ubuntu, base image, base CUDA release)
 
 
 def check_user_constraints(family: Family, ask: Request, ix: Index) -> Rejection | None:
@@ -104,10 +110,13 @@ def _variants_covering(gpu: GpuTarget, torch: str, ix: Index) -> list[str]:
 
 
 def choose_base(family: Family, runtime: Runtime | None, ask: Request,
-                ix: Index) -> tuple[str, str, str | None] | Rejection:
-    """(ubuntu, base image, base CUDA release): an nvidia/cuda image for the newest Ubuntu
-    that has one, else (runtime flavour) plain Ubuntu, since the wheels carry CUDA's
-    libraries and the rendered image sets the NVIDIA_* variables itself."""
+                ix: Index) -> tuple[str, str, str | None, str] | Rejection:
+    """(ubuntu, base image, base CUDA release, Python). The base: an nvidia/cuda image for the
+    newest Ubuntu that has one, else (runtime flavour) plain Ubuntu, since the wheels carry
+    CUDA's libraries and the rendered image sets the NVIDIA_* variables itself. The Python: the
+    Ubuntu's own python3 where one of the usable Ubuntus ships a Python the wheel is built for
+    (the newest such Ubuntu, by the same base rule), else the newest such Python with a
+    recorded standalone build, on the base chosen from every usable Ubuntu."""
     ubuntus = [u for u in ix.ubuntus if ask.ubuntu in (None, u)]
     too_old = ix.too_old(family.row["torch"])
     usable = [u for u in ubuntus if u not in too_old]
@@ -117,6 +126,32 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
             if ubuntus else ""
         return Rejection(family=family.label, constraint="ubuntu", source=None,
                          reason=f"no base for {where}{why}")
+    candidates = pythons(family, ask, ix)
+    own = [u for u in usable if ix.ubuntu_rows.get(u, {}).get("python") in candidates]
+    if own:
+        base = _base_on(own, family, runtime, ask, ix)
+        if base is not None:
+            return (*base, str(ix.ubuntu_rows[base[0]]["python"]))
+    base = _base_on(usable, family, runtime, ask, ix)
+    if base is None:
+        where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu"
+        return Rejection(family=family.label, constraint="ubuntu", source=None,
+                         reason=f"no nvidia/cuda {family.row['cuda']} devel image "
+                                f"for {where} in cuda_images.yaml")
+    standalone = next((py for py in candidates if py in ix.standalone), None)
+    if standalone is None:
+        shipped = ", ".join(f"{u}: {ix.ubuntu_rows.get(u, {}).get('python', '?')}" for u in usable)
+        return Rejection(
+            family=family.label, constraint="python", source=None,
+            reason=f"no interpreter for Python {', '.join(candidates)}: not the python3 of the "
+                   f"usable Ubuntu releases ({shipped}) and no python-build-standalone build "
+                   "is recorded (python_standalone.yaml)")
+    return (*base, standalone)
+
+
+def _base_on(usable: list[str], family: Family, runtime: Runtime | None, ask: Request,
+             ix: Index) -> Base | None:
+    """The base image on one of ``usable`` (newest first); None: no devel image there."""
     if runtime is None:  # CPU wheel
         return usable[0], f"ubuntu:{usable[0]}", None
     flavor = "base" if ask.flavor == "runtime" else "devel"
@@ -129,10 +164,7 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
         built_for = {u for (cuda, u) in ix.images if cuda.startswith(f"{family.row['cuda']}.")}
         ubuntu = next((u for u in usable if u in built_for), usable[0])
         return ubuntu, f"ubuntu:{ubuntu}", None
-    where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu"
-    return Rejection(family=family.label, constraint="ubuntu", source=None,
-                     reason=f"no nvidia/cuda {family.row['cuda']} devel image "
-                            f"for {where} in cuda_images.yaml")
+    return None
 
 
 COMPANIONS = ("torchvision", "torchaudio")
@@ -156,13 +188,10 @@ def companions_missing(torch: str, row: Mapping[str, Any] | None) -> str | None:
     return f"no {'/'.join(missing)} for torch {torch}: {'; '.join(reasons)}"
 
 
-def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None],
+def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None, str],
                 ask: Request, ix: Index) -> Stack:
     row = family.row
-    ubuntu, image, base_cuda = base
-    distro = ix.ubuntu_rows.get(ubuntu, {}).get("python")
-    candidates = pythons(family, ask, ix)
-    python = distro if distro in candidates and ask.python is None else candidates[0]
+    ubuntu, image, base_cuda, python = base
     companions = ix.companions.get(row["torch"], {})
     notes = []
     if runtime and runtime.compat == "minor-version":

@@ -38,7 +38,8 @@ KEPT_FIELDS = {
     "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 7  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart
+INDEX_FORMAT = 8  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
+# 8: the recorded standalone CPython builds
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -95,6 +96,10 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "arch": {tuple(r["arch_list"]): parse_arch_list(r["arch_list"])
                  for r in rows["torch_variants"] if r.get("arch_list")},
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
+        # Python → the version of its recorded python-build-standalone build for x86_64 (the
+        # architecture the recipes target): a Python no Ubuntu ships can still be installed.
+        "standalone": {r["python"]: r["version"] for r in matrix.rows("python_standalone")
+                       if r["arch"] == "x86_64"},
         # The GPU catalogue and its folded names, marshalled apart: only a request that names a
         # GPU unpacks them, so its size costs the other forms nothing.
         # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
@@ -183,6 +188,7 @@ class Index:
         self._pythons: dict[tuple[str, ...], list[str]] = data["pythons"]
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
+        self.standalone: dict[str, str] = data["standalone"]
         self._gpus_packed: bytes = data["gpus"]
         self._gpus: tuple[dict[str, int], PackedRows] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 KEYS: Mapping[str, tuple[str, ...]] = {
     "cuda_toolkits": ("cuda",), "cudnn": ("cudnn",), "torch_variants": ("torch", "variant"),
     "torch_pypi": ("torch",), "torch_companions": ("torch",), "cuda_images": ("cuda", "ubuntu"),
-    "torch_wheels": ("torch", "python"),
+    "torch_wheels": ("torch", "python"), "python_standalone": ("python", "arch"),
 }
 MAX_SHRINK = 0.10  # more than this fewer rows from one source looks like upstream trouble
 

@@ -29,13 +29,14 @@ if TYPE_CHECKING:
     from envbuild.upstream.merge import RelationChange
     from envbuild.upstream.sources import Row, Source, SourceResult
 
-# Run in this order: later ones read earlier rows (wheels reads the pypi source's torch_pypi).
-ORDER = ("nvidia", "pypi", "wheels", "pytorch", "tags")
+# Run in this order: later ones read earlier rows (wheels reads the pypi source's torch_pypi;
+# python the CPython versions that the torch relations list).
+ORDER = ("nvidia", "pypi", "wheels", "pytorch", "tags", "python")
 # What ``--source all`` (and no --source) reads. The wheels source is asked for by name: it
 # reads the METADATA of every torch wheel per CPython and lists every pinned nvidia-*
 # project, many times the requests of the others, for sizes the resolver does not need.
-SOURCES = ("nvidia", "pypi", "pytorch", "tags")
-PROJECTS = ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "images")
+SOURCES = ("nvidia", "pypi", "pytorch", "tags", "python")
+PROJECTS = ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "images", "python")
 INDEX_SOURCES = frozenset({"pypi", "wheels"})  # the sources that read the package index
 NO_INDEX = "https://no-index.invalid/"
 
@@ -53,6 +54,7 @@ class RefreshOptions:
     pytorch_url: str | None = None
     nvidia_url: str | None = None
     registry_url: str | None = None
+    python_downloads_url: str | None = None  # uv's download-metadata.json
     policy: HttpPolicy | None = None
     lock_timeout_s: float = 0.0
     retrieved: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
@@ -159,6 +161,8 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
     from envbuild.upstream.sources.nvidia_redistrib import NvidiaSource
     from envbuild.upstream.sources.pypi_source import PypiSource
     from envbuild.upstream.sources.pypi_wheels import PypiWheelsSource
+    from envbuild.upstream.sources.python_standalone import DEFAULT_URL as PYTHON_DOWNLOADS
+    from envbuild.upstream.sources.python_standalone import PythonStandaloneSource
     from envbuild.upstream.sources.pytorch_index import DEFAULT_URL as PYTORCH
     from envbuild.upstream.sources.pytorch_index import PytorchIndexSource
     from envbuild.upstream.sources.registry_tags import DEFAULT_URL as REGISTRY
@@ -170,6 +174,7 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
         "wheels": PypiWheelsSource(client=client, index=client.index),
         "pytorch": PytorchIndexSource(base_url=options.pytorch_url or PYTORCH),
         "tags": RegistryTagsSource(repository_url=options.registry_url or REGISTRY),
+        "python": PythonStandaloneSource(url=options.python_downloads_url or PYTHON_DOWNLOADS),
     }
     chosen = [made[name] for name in ORDER if name in options.sources]
     return [s for s in chosen if not options.only or options.only & s.projects]
@@ -258,7 +263,8 @@ def validate_texts(directory: Path, texts: Mapping[str, bytes]) -> None:
 def check_upstream_urls(options: RefreshOptions) -> None:
     """Rows cite their upstream by URL and the data accepts only https ones: refuse others early."""
     for flag, url in (("--pytorch-url", options.pytorch_url), ("--nvidia-url", options.nvidia_url),
-                      ("--registry-url", options.registry_url)):
+                      ("--registry-url", options.registry_url),
+                      ("--python-downloads-url", options.python_downloads_url)):
         if url is not None and not url.startswith("https://"):
             raise UsageError(f"{flag} {url!r} is not an https:// URL",
                              hint="upstream data is read over verified TLS only")

@@ -1,0 +1,157 @@
+"""docs/faults.md L5 (issue #13 item 7): every stack resolve offers renders, with no flag.
+
+A grid of drivers (450 to 595, each a toolkit driver of cuda_toolkits.yaml) × GPUs (Kepler
+to Blackwell, GeForce, workstation and datacenter) × constraint sets; for each cell the top
+10 stacks resolve prints are rendered as a Docker context, a host script and cloud-init
+user-data with default options (no --python-url, no --base-image), and each render is
+checked by the gates the renderers already run: hadolint on the Dockerfiles (C2), shellcheck
+and ``bash -n`` on the scripts (C1), ``cloud-init schema`` on the user-data. Identical
+stacks are rendered once; identical command bodies and user-data shapes are linted once.
+
+One known limit (L6): a forward-compatibility stack (CUDA newer than the driver, through the
+cuda-compat package inside a container) renders its Docker context, but the host script and
+cloud-init refuse it with exit 2 and a hint, as they always have (script.check_scriptable):
+on a host the script would install a new enough driver instead. The test holds that refusal
+to exactly those stacks.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild.data import matrix as matrixmod
+from envbuild.data.gpus import find_gpu
+from envbuild.data.versions import DriverVersion, parse_requirement
+from envbuild.errors import UsageError
+from envbuild.render import docker as render
+from envbuild.render import script
+from envbuild.resolver.model import Request, Stack
+from envbuild.resolver.resolve import resolve
+
+TOP = 10
+# Toolkit drivers from cuda_toolkits.yaml, one or two per branch from 450 to 595.
+DRIVERS = ("450.51.06", "470.82.01", "510.47.03", "525.60.13", "535.104.05", "545.23.08",
+           "550.54.15", "560.35.03", "570.124.06", "575.57.08", "580.95.05", "590.48.01",
+           "595.45.04")
+GPUS = ("Tesla K80", "Tesla P100", "NVIDIA GeForce GTX 1080 Ti", "Tesla V100", "Tesla T4",
+        "NVIDIA GeForce RTX 3090", "NVIDIA A100-SXM4-40GB", "NVIDIA A10G", "NVIDIA GeForce RTX 4090",
+        "NVIDIA L4", "NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 5090", "NVIDIA B200")
+CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "devel": {"flavor": "devel"},
+    "python-3.10": {"python": parse_requirement("python", "3.10")},
+    "ubuntu-22.04": {"ubuntu": "22.04"},
+}
+
+
+@pytest.fixture(scope="module")
+def matrix() -> matrixmod.Matrix:
+    return matrixmod.load(matrixmod.default_directory({}))
+
+
+def offered(m: matrixmod.Matrix) -> tuple[dict[Stack, str], int]:
+    """Every stack in a top 10 of the grid, with the first cell that offered it; and the
+    number of (cell, stack) pairs."""
+    stacks: dict[Stack, str] = {}
+    pairs = 0
+    for driver in DRIVERS:
+        for name in GPUS:
+            gpu = find_gpu(m.rows("gpus"), name)
+            for label, extra in CONSTRAINTS.items():
+                request = Request(driver=DriverVersion.parse(driver), gpus=(gpu,), **extra)
+                for stack in resolve(request, m).stacks[:TOP]:
+                    pairs += 1
+                    stacks.setdefault(stack, f"--driver {driver} --gpu '{name}' {label}")
+    return stacks, pairs
+
+
+def _shape(user_data: bytes) -> str:
+    """user-data without its comments and with the embedded files' base64 left out: what
+    cloud-init's schema judges."""
+    text = re.sub(r"[A-Za-z0-9+/]{40,}={0,2}", "B64", user_data.decode())
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("# "))
+
+
+def test_every_offered_stack_renders_lint_clean(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
+    started = time.monotonic()
+    stacks, pairs = offered(matrix)
+    assert len(DRIVERS) >= 10 and len(GPUS) >= 12 and pairs >= 1000  # the grid was really walked
+    failures: list[str] = []
+    forward = 0
+    dockerfiles: dict[bytes, Path] = {}
+    scripts: dict[str, Path] = {}
+    user_data: dict[str, Path] = {}
+    for number, (stack, cell) in enumerate(stacks.items()):
+        try:
+            lock = render.lock_for(stack, matrix, render.RenderOptions())
+            docker = render.render_docker(lock, render.RenderOptions())
+            if stack.compat == "forward":  # L6: the host targets refuse it, with a hint
+                for target in (script.render_script, script.render_cloud_init):
+                    with pytest.raises(UsageError, match="forward compatibility") as info:
+                        target(lock)
+                    assert info.value.exit_code == 2 and info.value.hint
+                forward += 1
+            else:
+                host = script.render_script(lock)
+                cloud = script.render_cloud_init(lock)
+        except UsageError as exc:
+            failures.append(f"{cell}: torch {stack.torch}+{stack.variant} Python {stack.python} "
+                            f"Ubuntu {stack.ubuntu} {stack.compat}: {exc.one_line()}")
+            continue
+        dockerfile = docker["Dockerfile"]
+        assert isinstance(dockerfile, bytes)
+        if dockerfile not in dockerfiles:
+            dockerfiles[dockerfile] = tmp_path / f"{number}.Dockerfile"
+            dockerfiles[dockerfile].write_bytes(dockerfile)
+        if stack.compat == "forward":
+            continue
+        text = host["install.sh"].decode()
+        commands = "\n".join(x for x in text.splitlines() if not x.startswith(("# ", "readonly ")))
+        if commands not in scripts:
+            scripts[commands] = tmp_path / f"{number}.sh"
+            scripts[commands].write_text(text)
+        shape = _shape(cloud["user-data"])
+        if shape not in user_data:
+            user_data[shape] = tmp_path / f"{number}.user-data"
+            user_data[shape].write_bytes(cloud["user-data"])
+    assert not failures, f"{len(failures)} of {len(stacks)} offered stacks do not render:\n" + \
+        "\n".join(failures[:20])
+    _lint(dockerfiles.values(), scripts.values(), user_data.values())
+    seconds = time.monotonic() - started
+    print(f"grid: {len(DRIVERS)} drivers x {len(GPUS)} GPUs x {len(CONSTRAINTS)} constraint sets, "
+          f"{pairs} offered (cell, stack) pairs, {len(stacks)} distinct stacks, "
+          f"{3 * len(stacks) - 2 * forward} renders ({forward} forward-compatibility stacks: "
+          f"Docker only, the host targets refuse them); "
+          f"linted {len(dockerfiles)} Dockerfiles, {len(scripts)} script bodies, "
+          f"{len(user_data)} user-data shapes; {seconds:.1f} s")
+
+
+def _lint(dockerfiles: Any, scripts: Any, user_data: Any) -> None:
+    hadolint, shellcheck = shutil.which("hadolint"), shutil.which("shellcheck")
+    if hadolint is None or shellcheck is None:
+        pytest.skip("hadolint or shellcheck is not installed (the test extra brings both)")
+    paths = [str(p) for p in dockerfiles]
+    done = subprocess.run([hadolint, "--no-color", "--failure-threshold", "warning", *paths],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-4000:]
+    paths = [str(p) for p in scripts]
+    done = subprocess.run([shellcheck, "-S", "warning", *paths], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-4000:]
+    for path in paths:
+        assert subprocess.run(["bash", "-n", path], check=False).returncode == 0, path
+    cloud_init = shutil.which("cloud-init")
+    for path in user_data:
+        text = path.read_text()
+        assert text.startswith("#cloud-config\n"), path
+        if cloud_init is not None:  # the schema check where cloud-init is installed
+            done = subprocess.run([cloud_init, "schema", "--config-file", str(path)],
+                                  capture_output=True, text=True, check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
