@@ -21,6 +21,9 @@ _CC_RE = re.compile(r"\d{1,2}\.\d")
 _ACTION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TAG_RE = re.compile(r"v\d+(\.\d+){0,2}")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
+_MONTH_RE = re.compile(r"\d{4}-\d{2}")
+_DEB_VERSION_RE = re.compile(r"\d+(\.\d+){1,3}-\d+")
+_FPR_RE = re.compile(r"[0-9A-F]{40}")
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -210,6 +213,17 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "version": (_pattern(_TAG_RE, "a release tag like v4.1.0"), True),
         "sha": (_pattern(_SHA_RE, "a full 40-hex commit SHA"), True),
     },
+    "driver_branches": {
+        "branch": (_int, True),
+        "designation": (_one_of("production", "lts", "new-feature"), True),
+        "end_of_life": (_pattern(_MONTH_RE, "a month like 2028-06"), False),
+    },
+    "container_toolkit": {
+        "version": (_pattern(_DEB_VERSION_RE, "a Debian version like 1.20.0-1"), True),
+        "repository": (_source, True),
+        "key_url": (_source, True),
+        "key_fingerprint": (_pattern(_FPR_RE, "40 upper-case hex digits"), True),
+    },
 }
 COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": (_text, False)}
 
@@ -367,6 +381,8 @@ _KEYS = {
     "cuda_images": ("cuda", "ubuntu"),
     "ubuntu_python": ("ubuntu",),
     "ci_actions": ("action",),
+    "driver_branches": ("branch",),
+    "container_toolkit": ("version",),
 }
 
 
