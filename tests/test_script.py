@@ -412,3 +412,29 @@ def test_user_values_never_change_commands(matrix: matrixmod.Matrix, data: st.Da
 def test_lock_json_round_trip_keeps_script(matrix: matrixmod.Matrix) -> None:
     lock = case_lock("cpu-standalone-extras", matrix)
     assert lockmod.from_json(json.dumps(json.loads(lock.to_json()))) == lock
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--container-runtime", "lxc"], "--container-runtime must be docker, containerd, podman or none"),
+    (["--dcgm-level", "7"], "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"),
+    (["--smoke-image", "--privileged"], "--smoke-image must be an image reference"),
+    (["--container-runtime"], "--container-runtime needs a value"),
+])
+def test_install_sh_host_options_are_checked(option: list[str], message: str, matrix: matrixmod.Matrix,
+                                             tmp_path: Path) -> None:
+    """docs/faults.md M4, M5: a bad host option is exit 2 before anything is read from the host."""
+    lock = case_lock("driver550-top", matrix)
+    path = tmp_path / "install.sh"
+    path.write_bytes(script.render_script(lock, host=case_host("driver550-top", matrix, lock))["install.sh"])
+    done = subprocess.run(["bash", str(path), *option], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+
+
+def test_install_sh_without_a_toolkit_refuses_a_runtime(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
+    """M4: rendered with --container-runtime none, the script has no toolkit pin to install."""
+    path = tmp_path / "install.sh"
+    path.write_bytes(script.render_script(case_lock("driver550-top", matrix))["install.sh"])
+    done = subprocess.run(["bash", str(path), "--container-runtime", "docker"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "rendered without the container toolkit" in done.stderr

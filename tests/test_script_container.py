@@ -600,6 +600,7 @@ def test_open_modules_headers_and_persistenced(docker_client: Any, rendered: dic
         h.state(gpu="1")
         code, out = h.run("--yes", "--no-smoke")
         assert code == 10, out
+        assert "error" not in out  # no probe's failure surfaces (ERR trap in a command substitution)
         kernel = h.sh("uname -r")[1].strip()
         assert f"install -y nvidia-driver-620-open linux-headers-{kernel}" in h.log()
         held = set(h.sh("apt-mark showhold")[1].split())
@@ -643,6 +644,7 @@ def test_nvswitch_gets_the_fabric_manager_of_the_driver_version(docker_client: A
         assert ("nvlsm" in log) == (how == "hgx-names")
         assert "systemctl enable --now nvidia-fabricmanager" in log
         assert "NVSwitch fabric: Completed" in out
+        assert "error" not in out
         assert "nvidia-fabricmanager-580" in h.sh("apt-mark showhold")[1].split()
         h.sh(": > /stub-state/log")
         before = h.snapshot()
@@ -724,6 +726,7 @@ def test_container_toolkit_key_of_another_is_refused(docker_client: Any, rendere
         code, out = h.run("--yes", "--no-smoke")
         assert code == 1, out
         assert f"is not the key {TEST_KEY_FINGERPRINT}" in out
+        assert out.count("error:") == 1, out  # the one line naming the key, nothing spurious
         assert h.sh("ls /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg "
                     "/etc/apt/sources.list.d/nvidia-container-toolkit.list 2>/dev/null")[1] == ""
         assert "nvidia-container-toolkit=" not in h.log()

@@ -194,6 +194,7 @@ parse_args() {
   case $RUNTIME in docker | containerd | podman | none) ;; *) die 2 "--container-runtime must be docker, containerd, podman or none" ;; esac
   [[ $RUNTIME == none || -n $CTK_VERSION ]] || die 2 "--container-runtime $RUNTIME: this script was rendered without the container toolkit (render it with --container-runtime $RUNTIME)"
   [[ $DCGM_LEVEL =~ ^[0-4]$ ]] || die 2 "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"
+  [[ $SMOKE_IMAGE =~ ^[A-Za-z0-9][A-Za-z0-9._/:@-]*$ ]] || die 2 "--smoke-image must be an image reference such as ubuntu:22.04"
   if ((WITH_TOOLKIT)) && [[ -z $TOOLKIT_PACKAGE ]]; then
     die 2 "--with-toolkit: this stack has no CUDA (variant $VARIANT)"
   fi
@@ -228,7 +229,7 @@ nvswitch_found() {
   # NVSwitches on the PCI bus: NVIDIA bridges (class 0680). 4th and 5th generation switches are
   # not PCI devices of the host: then 8 GPUs of an HGX board's SXM parts say so.
   lspci -n -d 10de: 2>/dev/null | grep -q ' 0680: ' && return 0
-  (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$') >= 8))
+  (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$' || true) >= 8))
 }
 
 fabric_state() { # the "State" line of nvidia-smi -q's Fabric section (Completed, In Progress, N/A)
@@ -753,7 +754,7 @@ install_fabricmanager() {
   if [[ $(pkg_version "nvidia-fabricmanager-$branch") != "$DRIVER_NOW"-* ]]; then
     ((APT_UPDATED)) || { apt_get update && APT_UPDATED=1; }
     version=$(apt-cache madison "nvidia-fabricmanager-$branch" 2>/dev/null \
-      | awk -F' *[|] *' -v v="$DRIVER_NOW-" 'index($2, v) == 1 { print $2; exit }')
+      | awk -F' *[|] *' -v v="$DRIVER_NOW-" 'index($2, v) == 1 { print $2; exit }' || true)
     [[ -n $version ]] || die 1 "no nvidia-fabricmanager-$branch of version $DRIVER_NOW (the loaded driver's) in the apt sources"
     local packages=("nvidia-fabricmanager-$branch=$version")
     # Blackwell HGX boards (5th generation NVSwitch) also need NVIDIA's NVLink Subnet Manager
@@ -780,7 +781,7 @@ install_ctk() {
     TEMP_PATHS+=("$dir")
     download "$CTK_KEY_URL" "$dir/key.asc" \
       || die 1 "cannot download $CTK_KEY_URL (curl exit $DOWNLOAD_RC); check the network, then run again"
-    found=$(openpgp_fingerprints armor "$dir/key.asc" "$dir/key.gpg") || found=
+    found=$(openpgp_fingerprints armor "$dir/key.asc" "$dir/key.gpg" 2>/dev/null || true)
     [[ $found == "$CTK_KEY_FINGERPRINT" ]] \
       || die 1 "$CTK_KEY_URL is not the key $CTK_KEY_FINGERPRINT (found: ${found:-no readable key}); not installed"
     install -m 0644 "$dir/key.gpg" "$CTK_KEYRING"
