@@ -226,8 +226,8 @@ gpu_names() { # one line per GPU, as the loaded driver names it
 
 nvswitch_found() {
   ((NVSWITCH)) && return 0
-  # NVSwitches on the PCI bus: NVIDIA bridges (class 0680). 4th and 5th generation switches are
-  # not PCI devices of the host: then 8 GPUs of an HGX board's SXM parts say so.
+  # NVSwitches on the PCI bus are NVIDIA bridges, class 0680 (A100's 10de:1af1, H100's 10de:22a3);
+  # else eight GPUs of an HGX board's SXM parts, as the loaded driver names them.
   lspci -n -d 10de: 2>/dev/null | grep -q ' 0680: ' && return 0
   (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$' || true) >= 8))
 }
