@@ -26,6 +26,7 @@ from envbuild.errors import UsageError
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render import script
+from envbuild.render.hostsetup import HostSetup, host_setup
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
 from envbuild.smoke.bundle import payload
@@ -78,11 +79,21 @@ def case_lock(name: str, m: matrixmod.Matrix) -> lockmod.Lock:
     return render.lock_for(top(m, **dict(request)), m, render.parse_options(**raw))
 
 
+def case_host(name: str, m: matrixmod.Matrix, lock: lockmod.Lock) -> HostSetup:
+    """The host setup ``render script`` chooses for the case's selectors (hostsetup.host_setup)."""
+    request = CASES[name][0]
+    gpus = tuple(find_gpu(m.rows("gpus"), g) for g in request.get("gpus", ()))
+    driver = request.get("driver")
+    return host_setup(lock.stack.min_driver, m.rows("driver_branches"), m.rows("container_toolkit"), gpus,
+                      driver.branch if driver else None)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden(name: str, matrix: matrixmod.Matrix, request: pytest.FixtureRequest) -> None:
     lock = case_lock(name, matrix)
-    rendered = script.render_script(lock)
-    user_data = script.render_cloud_init(lock)["user-data"]
+    host = case_host(name, matrix, lock)
+    rendered = script.render_script(lock, host=host)
+    user_data = script.render_cloud_init(lock, host=host)["user-data"]
     # smoke.py and the lock (its matrices digest) change with other modules and data; the golden
     # keeps user-data's own structure (test_cloud_init_* checks the embedded bytes).
     for embedded in ("smoke.py", "envbuild.lock"):
@@ -167,7 +178,7 @@ def test_policy(name: str, matrix: matrixmod.Matrix) -> None:
     assert "https://developer.download.nvidia.com/compute/cuda/repos/$NVIDIA_DISTRO/x86_64" in text
     for distro in ("ubuntu2004", "ubuntu2204", "ubuntu2404"):
         assert f"NVIDIA_DISTRO={distro}" in text
-    assert 'apt-mark hold "nvidia-driver-$BRANCH_WANTED"' in text
+    assert 'apt-mark hold "$DRIVER_PACKAGE"' in text
     assert "die 9 " in text and "exit 10" in text
 
 
@@ -250,9 +261,70 @@ def test_cli_render_script_and_cloud_init(tmp_path: Path) -> None:
         lines.append((out / "envbuild.lock").read_text())
     assert lines[0] == lines[1]
     again = tmp_path / "again"
+    # The lock pins the stack; the driver branch comes from the selectors again (M1).
     assert cli.main(["render", "script", "--lock", str(tmp_path / "script" / "envbuild.lock"),
-                     "-o", str(again)], env={}) == 0
+                     "--driver", "550", "-o", str(again)], env={}) == 0
     assert (again / "install.sh").read_bytes() == (tmp_path / "script" / "install.sh").read_bytes()
+    assert "readonly DRIVER_BRANCH=550\n" in (again / "install.sh").read_text()
+
+
+def branch_and_modules(text: str) -> tuple[str, str]:
+    facts = dict(line.removeprefix("readonly ").split("=", 1) for line in text.splitlines()
+                 if line.startswith(("readonly DRIVER_BRANCH=", "readonly DRIVER_MODULES=")))
+    return facts["DRIVER_BRANCH"], facts["DRIVER_MODULES"]
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    # the issue's case: the branch given, not the stack's minimum (525); before 560: proprietary
+    (["--driver", "550", "--gpu", "H100"], ("550", "proprietary")),
+    # no --driver: the newest production/LTS branch of driver_branches.yaml; Blackwell: open
+    (["--gpu", "B200"], ("620", "open")),
+    (["--gpu", "RTX 5090"], ("620", "open")),
+    # Volta: proprietary only, and its last branch is 580 (gpus.yaml)
+    (["--gpu", "V100"], ("580", "proprietary")),
+    # Grace Hopper: open whatever the branch
+    (["--driver", "535", "--gpu", "GH200"], ("535", "open")),
+    # Turing and later from 560 on: open by default
+    (["--driver", "570", "--gpu", "T4"], ("570", "open")),
+])
+def test_render_script_driver_choice(argv: list[str], wanted: tuple[str, str], tmp_path: Path) -> None:
+    """docs/faults.md M1: the branch and kernel module flavour render script writes."""
+    assert cli.main(["render", "script", *argv, "-o", str(tmp_path / "out")], env={}) == 0
+    assert branch_and_modules((tmp_path / "out" / "install.sh").read_text()) == wanted
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["--gpu", "V100", "--gpu", "B200"], "no kernel module flavour drives both Tesla V100"),
+    # from a lock the resolver does not see the GPU: the host setup refuses the branch itself
+    (["--lock", "LOCK", "--driver", "590", "--gpu", "V100"], "driver branch 590 does not support Tesla V100"),
+])
+def test_render_script_impossible_driver_exits_9(argv: list[str], why: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md M1: a combination no branch or flavour can serve: exit 9 naming why, nothing written."""
+    lock = tmp_path / "envbuild.lock"
+    assert cli.main(["lock", "--stack-only", "--driver", "550", "-o", str(lock)], env={}) == 0
+    argv = [str(lock) if a == "LOCK" else a for a in argv]
+    assert cli.main(["render", "script", *argv, "-o", str(tmp_path / "out")], env={}) == 9
+    assert why in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_choose_branch_rules() -> None:
+    """M1 at the function: the floor, the GPUs' windows, new feature branches never chosen."""
+    from envbuild.data.gpus import GpuTarget
+    from envbuild.errors import PreflightFailed
+    from envbuild.render.hostsetup import choose
+
+    rows = [{"branch": b, "designation": k}
+            for b, k in ((580, "lts"), (595, "production"), (610, "new-feature"))]
+    volta = GpuTarget(label="Tesla V100", compute_capability="7.0", last_driver_branch=580)
+    assert choose("570.26", rows, (), None)[:2] == ("595", "open")
+    assert choose("570.26", rows, (volta,), None)[:2] == ("580", "proprietary")
+    assert choose(None, rows, (), None)[:2] == ("", "")
+    with pytest.raises(PreflightFailed, match="no production or long-term support driver branch"):
+        choose("600.10", rows, (), None)
+    with pytest.raises(PreflightFailed, match="older than 570"):
+        choose("570.26", rows, (), 550)
 
 
 @pytest.mark.parametrize("argv", [
@@ -341,3 +413,29 @@ def test_user_values_never_change_commands(matrix: matrixmod.Matrix, data: st.Da
 def test_lock_json_round_trip_keeps_script(matrix: matrixmod.Matrix) -> None:
     lock = case_lock("cpu-standalone-extras", matrix)
     assert lockmod.from_json(json.dumps(json.loads(lock.to_json()))) == lock
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--container-runtime", "lxc"], "--container-runtime must be docker, containerd, podman or none"),
+    (["--dcgm-level", "7"], "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"),
+    (["--smoke-image", "--privileged"], "--smoke-image must be an image reference"),
+    (["--container-runtime"], "--container-runtime needs a value"),
+])
+def test_install_sh_host_options_are_checked(option: list[str], message: str, matrix: matrixmod.Matrix,
+                                             tmp_path: Path) -> None:
+    """docs/faults.md M4, M5: a bad host option is exit 2 before anything is read from the host."""
+    lock = case_lock("driver550-top", matrix)
+    path = tmp_path / "install.sh"
+    path.write_bytes(script.render_script(lock, host=case_host("driver550-top", matrix, lock))["install.sh"])
+    done = subprocess.run(["bash", str(path), *option], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+
+
+def test_install_sh_without_a_toolkit_refuses_a_runtime(matrix: matrixmod.Matrix, tmp_path: Path) -> None:
+    """M4: rendered with --container-runtime none, the script has no toolkit pin to install."""
+    path = tmp_path / "install.sh"
+    path.write_bytes(script.render_script(case_lock("driver550-top", matrix))["install.sh"])
+    done = subprocess.run(["bash", str(path), "--container-runtime", "docker"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "rendered without the container toolkit" in done.stderr

@@ -4,14 +4,19 @@ for apt-get, nvidia-smi, mokutil, lspci and curl first on PATH (tests/stubs/READ
 The container claims to be Ubuntu 22.04 through /etc/os-release; its python3 (3.11) and
 python3-venv are real, and torch comes from a local index served inside the container (a
 placeholder wheel), so venv creation, pip pins and their idempotency are the real thing.
-Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs rebuild failed),
+Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs rebuild failed,
+the container toolkit's key is another, the NVSwitch fabric does not come up),
 9 (not root, unsupported OS, Secure Boot with the DKMS driver, an older driver without
 --replace-driver, dpkg lock held), 10 (reboot required: a new driver, or nouveau blacklisted).
+The host setup around the stack (docs/faults.md M): open or proprietary kernel modules, kernel
+headers, nvidia-persistenced, the fabric manager on NVSwitch systems, the NVIDIA Container Toolkit
+with the runtime configured and a CDI spec, the GPU container and dcgmi diag in the smoke step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -30,6 +35,7 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
 from envbuild.render import lock as lockmod
 from envbuild.render import script
+from envbuild.render.hostsetup import HostSetup, Toolkit
 from envbuild.resolver.model import Request
 from envbuild.resolver.resolve import resolve
 
@@ -537,3 +543,190 @@ def test_a_wheel_that_does_not_match_its_hash_is_not_installed(closure_host: Hos
     assert code not in (0, 10), out
     assert "HASHES" in out.upper() or "hash" in out
     assert "tinydep" not in host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze 2>&1")[1]
+
+
+# --- M: the host setup around the stack -----------------------------------------------------------
+
+TOOLKIT = Toolkit(version="1.20.0-1", repository="https://nvidia.github.io/libnvidia-container/stable/deb",
+                  key_url="https://nvidia.github.io/libnvidia-container/gpgkey",
+                  key_fingerprint=TEST_KEY_FINGERPRINT)
+CTK_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                "libnvidia-container1")
+
+
+def code_first(out: str) -> int:
+    """The exit code the script's last error line reports (``smoke.py (exit N)``)."""
+    return int(out.split("smoke.py (exit ")[1].split(")")[0])
+
+
+def _armored(key: bytes) -> bytes:
+    """``key`` ASCII-armored as gpg --armor writes it (RFC 4880, 6: base64 lines and a CRC-24)."""
+    import base64
+
+    crc = 0xB704CE
+    for byte in key:
+        crc ^= byte << 16
+        for _ in range(8):
+            crc <<= 1
+            if crc & 0x1000000:
+                crc ^= 0x1864CFB
+    text = base64.b64encode(key).decode()
+    lines = [text[i:i + 64] for i in range(0, len(text), 64)]
+    checksum = base64.b64encode((crc & 0xFFFFFF).to_bytes(3, "big")).decode()
+    return ("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\n" + "\n".join(lines) + f"\n={checksum}\n"
+            "-----END PGP PUBLIC KEY BLOCK-----\n").encode()
+
+
+@contextlib.contextmanager
+def setup_host(docker_client: Any, rendered: dict[str, bytes], tmp_path: Path,
+               **setup: Any) -> Iterator[Host]:
+    """The host fixture's container with the same lock rendered for ``setup`` (a HostSetup's fields)."""
+    lock = lockmod.from_json(rendered["envbuild.lock"].decode())
+    files = script.render_script(lock, host=HostSetup(**{"why": "test", **setup}))
+    files = {**files, "install.sh": with_test_key(files["install.sh"])}
+    wheel_name, wheel = _wheel()
+    with started_host(docker_client, files, {f"simple/torch/{wheel_name}": wheel}, tmp_path) as h:
+        ubuntu(h)
+        key = _armored((KEYRINGS / "trusted.gpg").read_bytes())
+        h.container.put_archive("/", _tar({"stubs/gpgkey.asc": (key, 0o644)}))
+        yield h
+
+
+def test_open_modules_headers_and_persistenced(docker_client: Any, rendered: dict[str, bytes],
+                                               tmp_path: Path) -> None:
+    """M1, M3: a Blackwell setup installs nvidia-driver-620-open with the running kernel's headers,
+    holds it, enables nvidia-persistenced; after the reboot a second run changes nothing."""
+    with setup_host(docker_client, rendered, tmp_path, branch="620", modules="open", runtime="none") as h:
+        h.state(gpu="1")
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 10, out
+        assert "error" not in out  # no probe's failure surfaces (ERR trap in a command substitution)
+        kernel = h.sh("uname -r")[1].strip()
+        assert f"install -y nvidia-driver-620-open linux-headers-{kernel}" in h.log()
+        held = set(h.sh("apt-mark showhold")[1].split())
+        assert {"nvidia-driver-620-open", "libnvidia-compute-620"} <= held
+        assert "systemctl enable nvidia-persistenced" in h.log()  # not --now: no driver loaded yet
+        h.sh("rm -f /var/run/reboot-required && : > /stub-state/log")
+        h.state(driver="620.40.01")
+        before = h.snapshot()
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0 and "nothing to change" in out, out
+        assert h.snapshot() == before and "apt-get" not in h.log()
+
+
+def test_proprietary_modules_by_default_before_560(host: Host) -> None:
+    """M1: the test lock's own branch (525) predates the open default: nvidia-driver-525."""
+    ubuntu(host)
+    host.state(gpu="1")
+    code, out = host.run("--dry-run")
+    assert code == 0, out
+    assert "install nvidia-driver-525 and linux-headers-" in out and "525-open" not in out
+
+
+@pytest.mark.parametrize("how", ["pci", "hgx-names"])
+def test_nvswitch_gets_the_fabric_manager_of_the_driver_version(docker_client: Any,
+                                                                 rendered: dict[str, bytes],
+                                                                 tmp_path: Path, how: str) -> None:
+    """M2: an NVSwitch found on the PCI bus, or eight B200s (Blackwell HGX, with nvlsm): the fabric
+    manager of exactly the loaded driver's version, held, enabled and started, the fabric
+    Completed; a second run changes nothing."""
+    with setup_host(docker_client, rendered, tmp_path, branch="580", modules="open", runtime="none") as h:
+        h.state(gpu="1", driver="580.95.05", nvswitch="1")
+        if how == "pci":
+            h.state(**{"nvswitch-pci": "1"})
+        else:
+            h.sh("printf 'NVIDIA B200\\n%.0s' 1 2 3 4 5 6 7 8 > /stub-state/gpu-names")
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0, out
+        log = h.log()
+        assert "madison nvidia-fabricmanager-580" in log
+        assert "install -y nvidia-fabricmanager-580=580.95.05-1" in log
+        assert ("nvlsm" in log) == (how == "hgx-names")
+        assert "systemctl enable --now nvidia-fabricmanager" in log
+        assert "NVSwitch fabric: Completed" in out
+        assert "error" not in out
+        assert "nvidia-fabricmanager-580" in h.sh("apt-mark showhold")[1].split()
+        h.sh(": > /stub-state/log")
+        before = h.snapshot()
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0 and "nothing to change" in out, out
+        assert h.snapshot() == before and "apt-get" not in h.log()
+
+
+def test_nvswitch_fabric_that_stays_in_progress_exits_1(docker_client: Any,
+                                                         rendered: dict[str, bytes],
+                                                         tmp_path: Path) -> None:
+    """M2: the fabric manager runs but the fabric never completes: exit 1 naming the state; no
+    fabric manager of the driver's version: exit 1 before anything is installed."""
+    with setup_host(docker_client, rendered, tmp_path, branch="580", modules="open", runtime="none",
+                    nvswitch=True) as h:
+        h.state(gpu="1", driver="580.95.05", nvswitch="1", **{"fabric-stuck": "1", "fm-missing": "1"})
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 1, out
+        assert "no nvidia-fabricmanager-580 of version 580.95.05" in out
+        assert "install -y nvidia-fabricmanager" not in h.log()
+        h.sh("rm /stub-state/fm-missing")
+        code, out = h.sh(f"ENVBUILD_FABRIC_WAIT=2 PATH=/stubs:$PATH bash {SRC}/install.sh --yes --no-smoke "
+                         "2>&1")
+        assert code == 1, out
+        assert "NVSwitch fabric state is 'In Progress' after 2s" in out
+
+
+def test_container_toolkit_docker_cdi_gpu_container_and_dcgm(docker_client: Any,
+                                                             rendered: dict[str, bytes],
+                                                             tmp_path: Path) -> None:
+    """M4, M7: the toolkit's key checked and installed as a signed-by keyring, its four packages at
+    the pinned version and held, docker configured and restarted, the CDI spec generated; the smoke
+    step runs a GPU container and dcgmi diag at the level asked and reports both; a second run
+    changes nothing."""
+    with setup_host(docker_client, rendered, tmp_path, branch="580", modules="open", toolkit=TOOLKIT) as h:
+        h.state(gpu="1", driver="580.95.05")
+        h.sh("cp /stubs/docker.optional /stubs/docker && cp /stubs/dcgmi.optional /stubs/dcgmi")
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0, out
+        log = h.log()
+        assert "curl -fsSL" in log and "https://nvidia.github.io/libnvidia-container/gpgkey" in log
+        assert "install -y " + " ".join(f"{p}=1.20.0-1" for p in CTK_PACKAGES) in log
+        assert set(CTK_PACKAGES) <= set(h.sh("apt-mark showhold")[1].split())
+        listed = h.sh("cat /etc/apt/sources.list.d/nvidia-container-toolkit.list")[1]
+        assert listed == ("deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+                          "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n")
+        keyring = h.sh("sha256sum < /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg")[1].split()[0]
+        assert keyring == hashlib.sha256((KEYRINGS / "trusted.gpg").read_bytes()).hexdigest()  # unarmored
+        assert "nvidia-ctk runtime configure --runtime=docker" in log and "systemctl restart docker" in log
+        assert "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml" in log
+        # The smoke step: the placeholder torch fails smoke.py, the GPU container and dcgmi still run.
+        h.sh(": > /stub-state/log")
+        code, out = h.run("--yes", "--dcgm-level", "2")
+        assert code in (7, 8), out
+        assert "docker run --rm --runtime=nvidia --gpus all ubuntu nvidia-smi -L" in h.log()
+        assert "dcgmi diag -r 2: passed" in out
+        assert "smoke test failed: smoke.py (exit" in out and "GPU container" not in out.split("failed:")[-1]
+        # Both fail too: each is listed; the exit code stays smoke.py's, the first failure's.
+        h.state(**{"docker-fail": "1", "dcgmi-rc": "3"})
+        code, again = h.run("--yes")
+        assert code == code_first(out), again
+        assert "dcgmi diag -r 1: failed (exit 3)" in again
+        assert "GPU container (exit 1), dcgmi diag -r 1 (exit 3);" in again
+        h.sh("rm /stub-state/docker-fail /stub-state/dcgmi-rc")
+        h.sh(": > /stub-state/log")
+        before = h.snapshot()
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0 and "nothing to change" in out, out
+        assert h.snapshot() == before and "apt-get" not in h.log() and "curl" not in h.log()
+
+
+def test_container_toolkit_key_of_another_is_refused(docker_client: Any, rendered: dict[str, bytes],
+                                                     tmp_path: Path) -> None:
+    """M4: the key served is not the pinned one: exit 1, no keyring, no apt source, no package."""
+    with setup_host(docker_client, rendered, tmp_path, branch="580", modules="open", toolkit=TOOLKIT) as h:
+        h.state(gpu="1", driver="580.95.05")
+        key = _armored((KEYRINGS / "other.gpg").read_bytes())
+        h.container.put_archive("/", _tar({"stubs/gpgkey.asc": (key, 0o644)}))
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 1, out
+        assert f"is not the key {TEST_KEY_FINGERPRINT}" in out
+        assert out.count("error:") == 1, out  # the one line naming the key, nothing spurious
+        assert h.sh("ls /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg "
+                    "/etc/apt/sources.list.d/nvidia-container-toolkit.list 2>/dev/null")[1] == ""
+        assert "nvidia-container-toolkit=" not in h.log()

@@ -25,10 +25,12 @@ from envbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from envbuild.fs import FileData
+    from envbuild.render.hostsetup import HostSetup
     from envbuild.render.lock import Lock
 
-# A host renderer (render script, render cloud-init): a lock in, files out.
-Renderer = Callable[["Lock", "str | None"], dict[str, bytes]]
+# A host renderer (render script, render cloud-init): a lock, the lock text it ships and the host
+# setup in, files out.
+Renderer = Callable[["Lock", "str | None", "HostSetup"], dict[str, bytes]]
 
 
 def add_commands(commands: Any) -> None:
@@ -52,6 +54,11 @@ def add_commands(commands: Any) -> None:
         add_render_options(h)
         h.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
         h.add_argument("--target", metavar="NAME", help="the lock's target to render (when it has several)")
+        h.add_argument("--nvswitch", action="store_true",
+                       help="an NVSwitch (HGX) system: install the fabric manager even if not detected")
+        h.add_argument("--container-runtime", choices=("docker", "containerd", "podman", "none"),
+                       default="docker", help="configure the NVIDIA Container Toolkit for this runtime "
+                                              "(default docker; none: no toolkit)")
         add_output_dir(h)
         h.set_defaults(run=render_host(renderer))
 
@@ -106,8 +113,22 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
 def render_host(renderer: Renderer) -> Command:
     """The command for one host renderer: the lock read (or resolved), rendered, written."""
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        return write_files(args, renderer(*read_or_resolve_lock(args, env)), out)
+        lock, carried = read_or_resolve_lock(args, env)
+        return write_files(args, renderer(lock, carried, host_setup(args, env, lock)), out)
     return run
+
+
+def host_setup(args: argparse.Namespace, env: Mapping[str, str], lock: Lock) -> HostSetup:
+    """The driver branch and flavour for the GPUs and driver the selectors name (--driver,
+    --gpu, --arch, --host), and the container runtime (envbuild.render.hostsetup)."""
+    from envbuild.render.hostsetup import host_setup as choose
+    from envbuild.resolver.selection import Selectors, build_request
+
+    matrix = load_matrix(args, env)
+    request = build_request(Selectors.of(args), matrix, env)
+    return choose(lock.stack.min_driver, matrix.rows("driver_branches"), matrix.rows("container_toolkit"),
+                  request.gpus, request.driver.branch if request.driver else None,
+                  nvswitch=args.nvswitch, runtime=args.container_runtime)
 
 
 def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, str | None]:

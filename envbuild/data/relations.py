@@ -27,11 +27,14 @@ RELATIONS = (
     "ubuntu_python",
     "python_standalone",
     "ci_actions",
+    "driver_branches",
+    "container_toolkit",
 )
-# Relations no stack is resolved from (the CI workflow's action pins): left out of
+# Relations no stack is resolved from (the CI workflow's action pins; the host script's driver
+# branches and container toolkit pin, read when it is rendered): left out of
 # ``Matrix.digest``, the matrices digest a lock records, so that refreshing them leaves
 # every lock current. The JSON cache is still keyed by every file.
-NOT_RESOLVED = ("ci_actions",)
+NOT_RESOLVED = ("ci_actions", "driver_branches", "container_toolkit")
 if TYPE_CHECKING:
     Row = dict[str, Any]
 else:

@@ -26,6 +26,9 @@ _BUILD_RE = re.compile(r"\d{8}")
 # What render's URL check accepts (the URL lands in a shell command line), ending in .tar.gz:
 # the recipes unpack it with tar -xz.
 _ARCHIVE_RE = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/[A-Za-z0-9._~%+=,/-]*\.tar\.gz", re.ASCII)
+_MONTH_RE = re.compile(r"\d{4}-\d{2}")
+_DEB_VERSION_RE = re.compile(r"\d+(\.\d+){1,3}-\d+")
+_FPR_RE = re.compile(r"[0-9A-F]{40}")
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -223,6 +226,17 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "version": (_pattern(_TAG_RE, "a release tag like v4.1.0"), True),
         "sha": (_pattern(_SHA_RE, "a full 40-hex commit SHA"), True),
     },
+    "driver_branches": {
+        "branch": (_int, True),
+        "designation": (_one_of("production", "lts", "new-feature"), True),
+        "end_of_life": (_pattern(_MONTH_RE, "a month like 2028-06"), False),
+    },
+    "container_toolkit": {
+        "version": (_pattern(_DEB_VERSION_RE, "a Debian version like 1.20.0-1"), True),
+        "repository": (_source, True),
+        "key_url": (_source, True),
+        "key_fingerprint": (_pattern(_FPR_RE, "40 upper-case hex digits"), True),
+    },
 }
 COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": (_text, False)}
 
@@ -384,6 +398,8 @@ _KEYS = {
     "ubuntu_python": ("ubuntu",),
     "python_standalone": ("python", "arch"),
     "ci_actions": ("action",),
+    "driver_branches": ("branch",),
+    "container_toolkit": ("version",),
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from envbuild.errors import UsageError
+from envbuild.render.hostsetup import HostSetup, default_setup
 from envbuild.render.lock import Lock
 from envbuild.render.templates import environment, major_minor
 
@@ -53,8 +54,9 @@ def _word(value: str) -> str:
     return shlex.quote(value)
 
 
-def facts(lock: Lock) -> list[tuple[str, str]]:
-    """The ``readonly NAME=value`` block: only lock facts the script uses (shellcheck flags the rest)."""
+def facts(lock: Lock, host: HostSetup) -> list[tuple[str, str]]:
+    """The ``readonly NAME=value`` block: only lock facts the script uses (shellcheck flags the rest),
+    then the host setup chosen at render time (envbuild.render.hostsetup)."""
     s = lock.stack
     min_driver = s.min_driver or ""
     values = [
@@ -66,10 +68,21 @@ def facts(lock: Lock) -> list[tuple[str, str]]:
         # The oldest driver that runs the wheel's CUDA (the resolver's floor for this stack) and
         # the branch that version belongs to: nvidia-driver-<branch> when the host's is older.
         ("MIN_DRIVER", min_driver),
-        ("DRIVER_BRANCH", min_driver.split(".")[0]),
+        ("MIN_BRANCH", min_driver.split(".")[0]),
+        # The branch installed when the host's driver is older (host.why says how it was chosen)
+        # and its kernel module flavour: nvidia-driver-<branch>-open or nvidia-driver-<branch>.
+        ("DRIVER_BRANCH", host.branch),
+        ("DRIVER_MODULES", host.modules),
         # NVIDIA's per-release toolkit metapackage, cuda-toolkit-<major>-<minor>.
         ("TOOLKIT_PACKAGE", f"cuda-toolkit-{major_minor(s.cuda).replace('.', '-')}" if s.cuda else ""),
     ]
+    values += [("NVSWITCH_FORCED", "1" if host.nvswitch else "0"),
+               ("DEFAULT_RUNTIME", host.runtime)]
+    # The NVIDIA Container Toolkit pin (matrices/container_toolkit.yaml); empty: rendered without one.
+    t = host.toolkit
+    values += [("CTK_VERSION", t.version if t else ""), ("CTK_REPO", t.repository if t else ""),
+               ("CTK_KEY_URL", t.key_url if t else ""),
+               ("CTK_KEY_FINGERPRINT", t.key_fingerprint if t else "")]
     if lock.index_url is not None and lock.pylock is None:  # a closure names every file's URL
         values.append(("INDEX_URL", lock.index_url))
     if lock.python_standalone is not None:
@@ -85,14 +98,15 @@ def arrays(lock: Lock) -> list[tuple[str, list[str]]]:
             ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)])]
 
 
-def context(lock: Lock, layers: Sequence[str] = ()) -> dict[str, Any]:
+def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = None) -> dict[str, Any]:
     s = lock.stack
+    host = host or default_setup(s.min_driver)
     standalone = None
     if lock.python_standalone is not None:
         standalone = {"url": '"$PYTHON_URL"', "sha256": "$PYTHON_SHA256"}
     return {
         "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
-        "facts": facts(lock), "arrays": arrays(lock),
+        "facts": facts(lock, host), "arrays": arrays(lock), "why": host.why,
         # The shared partials, pointed at the host's paths and the variables above.
         "python_standalone": standalone, "venv": VENV, "python_home": PYTHON_HOME,
         "tarball": TARBALL, "download": "download", "pins": ['"${TORCH_PINS[@]}"'],
@@ -107,10 +121,11 @@ def _smoke() -> bytes:
     return payload()
 
 
-def render_script(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
+def render_script(lock: Lock, carried: str | None = None, host: HostSetup | None = None) -> dict[str, bytes]:
     """``install.sh`` with the lock and the smoke test it runs (read beside it); for a locked
     closure also each layer's hash-pinned requirements and the pylock file. ``carried``: the
-    lock file text to ship (a closure's lock set of its own target), else the lock itself."""
+    lock file text to ship (a closure's lock set of its own target), else the lock itself.
+    ``host``: the driver branch, flavour and container runtime (``default_setup`` without it)."""
     check_scriptable(lock)
     files: dict[str, bytes] = {}
     if lock.pylock is not None:
@@ -122,7 +137,7 @@ def render_script(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
     layers = [n.split("/")[1].removesuffix(".txt") for n in sorted(files, key=_layer_order)
               if n.startswith("requirements/")]
-    text = environment().get_template("install.sh.j2").render(context(lock, layers))
+    text = environment().get_template("install.sh.j2").render(context(lock, layers, host))
     files.update({"envbuild.lock": (carried or lock.to_json()).encode("utf-8"),
                   "install.sh": text.encode("utf-8"), "smoke.py": _smoke()})
     return dict(sorted(files.items()))
@@ -132,9 +147,10 @@ def _layer_order(name: str) -> tuple[bool, str]:
     return (not name.endswith("/torch.txt"), name)  # torch first, then the project
 
 
-def render_cloud_init(lock: Lock, carried: str | None = None) -> dict[str, bytes]:
+def render_cloud_init(lock: Lock, carried: str | None = None,
+                      host: HostSetup | None = None) -> dict[str, bytes]:
     """``user-data``: the script's files written to /opt/envbuild, then the script run once."""
-    files = render_script(lock, carried)
+    files = render_script(lock, carried, host)
     embedded = [(f"{PREFIX}/{name}", "0755" if name == "install.sh" else "0644",
                  base64.b64encode(files[name]).decode("ascii"))
                 for name in ("install.sh", "smoke.py", "envbuild.lock",

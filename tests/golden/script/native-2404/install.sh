@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Rendered by envbuild from envbuild.lock (torch 2.15.0, cu132, Python 3.12, Ubuntu 24.04).
 # Sets up an Ubuntu 20.04/22.04/24.04 x86_64 GPU host for this stack, as root:
-#   preflight (nothing changes before it passes) -> NVIDIA's keyring -> driver (held, and kept out of
-#   unattended-upgrades) -> nouveau blacklisted when loaded -> optional CUDA toolkit
-#   -> Python and a venv with the pinned torch -> the smoke test.
+#   preflight (nothing changes before it passes) -> NVIDIA's keyring -> kernel headers, driver (held,
+#   kept out of unattended-upgrades), nvidia-persistenced -> nouveau blacklisted when loaded ->
+#   NVSwitch: fabric manager of the driver's exact version -> optional CUDA toolkit -> NVIDIA
+#   Container Toolkit, runtime configured, CDI spec -> Python and a venv with the pinned torch ->
+#   the smoke test (then a GPU container when Docker is here, and dcgmi diag when DCGM is).
 # Idempotent: every step first checks whether it is already done, so a second run changes nothing.
+# Driver branch: the newest production or long-term support branch that runs the stack.
 #
-# usage: sudo bash install.sh [--dry-run] [--yes] [--skip-driver] [--replace-driver]
-#                             [--driver-branch N] [--with-toolkit] [--no-smoke] [--lock-timeout SECONDS]
-#                             [--deadline SECONDS] [--download-timeout SECONDS]
+# usage: sudo bash install.sh [options]   (--help lists them)
 # exit: 0 done, 2 usage, 7/8 smoke test failed, 9 preflight failed (nothing changed), 10 reboot required
 set -Eeuo pipefail
 
@@ -19,8 +20,16 @@ readonly STACK_UBUNTU=24.04
 readonly PYTHON_PROVISION=distro
 readonly CUDA_VERSION=13.2
 readonly MIN_DRIVER=595.45.04
-readonly DRIVER_BRANCH=595
+readonly MIN_BRANCH=595
+readonly DRIVER_BRANCH=620
+readonly DRIVER_MODULES=open
 readonly TOOLKIT_PACKAGE=cuda-toolkit-13-2
+readonly NVSWITCH_FORCED=0
+readonly DEFAULT_RUNTIME=docker
+readonly CTK_VERSION=1.20.0-1
+readonly CTK_REPO=https://nvidia.github.io/libnvidia-container/stable/deb
+readonly CTK_KEY_URL=https://nvidia.github.io/libnvidia-container/gpgkey
+readonly CTK_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 readonly INDEX_URL=https://download.pytorch.org/whl/cu132
 readonly -a TORCH_PINS=(torch==2.15.0+cu132)
 readonly -a APT_EXTRA=()
@@ -38,6 +47,14 @@ readonly KEYRING_DEB=cuda-keyring_1.1-1_all.deb
 # ("Primary key fingerprint: EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC", read 2026-11-24). The
 # keyring package is installed as root, so every key it would make apt trust must be this one.
 readonly NVIDIA_KEY_FINGERPRINT=EB693B3035CD5710E231E123A4B469963BF863CC
+# NVIDIA Container Toolkit: apt source and keyring as NVIDIA's install guide names them
+# (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html).
+readonly CTK_KEYRING=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+readonly CTK_LIST=/etc/apt/sources.list.d/nvidia-container-toolkit.list
+readonly CTK_PACKAGES=(nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1)
+readonly CDI_SPEC=/etc/cdi/nvidia.yaml
+# How long the NVSwitch fabric may take to reach "Completed" once the fabric manager runs.
+readonly FABRIC_WAIT=${ENVBUILD_FABRIC_WAIT:-120}
 readonly DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
 # Keeps nouveau from taking the GPU at boot; the two lines and the initramfs rebuild are NVIDIA's own
 # steps for Ubuntu (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/, Disabling Nouveau).
@@ -84,8 +101,13 @@ usage() {
     "  --yes, -y            apply the plan without asking (needed without a terminal)" \
     "  --skip-driver        leave the NVIDIA driver as it is, even when too old" \
     "  --replace-driver     replace an installed driver that is too old" \
-    "  --driver-branch N    install this driver branch instead of $DRIVER_BRANCH (not older)" \
+    "  --driver-branch N    install this driver branch instead of $DRIVER_BRANCH (not older than $MIN_BRANCH)" \
     "  --with-toolkit       also install the CUDA toolkit ($TOOLKIT_PACKAGE)" \
+    "  --nvswitch           an NVSwitch system: install the fabric manager whatever detection finds" \
+    "  --container-runtime R  docker|containerd|podman|none (default $DEFAULT_RUNTIME): the NVIDIA" \
+    "                       Container Toolkit $CTK_VERSION, configured for R (none: not installed)" \
+    "  --smoke-image REF    image of the GPU container check when Docker is here (default ubuntu)" \
+    "  --dcgm-level N       dcgmi diag -r N when dcgmi is installed (default 1; 0 skips it)" \
     "  --no-smoke           skip the smoke test" \
     "  --lock-timeout S     wait up to S seconds for the dpkg lock (default 120)" \
     "  --deadline S         give up once the install has run S seconds (default 3600): checked" \
@@ -106,6 +128,10 @@ LOCK_TIMEOUT=120
 DEADLINE=3600
 DOWNLOAD_TIMEOUT=600
 BRANCH_WANTED=$DRIVER_BRANCH
+NVSWITCH=$NVSWITCH_FORCED
+RUNTIME=$DEFAULT_RUNTIME
+SMOKE_IMAGE=ubuntu
+DCGM_LEVEL=1
 
 parse_args() {
   while (($# > 0)); do
@@ -116,6 +142,16 @@ parse_args() {
       --replace-driver) REPLACE_DRIVER=1 ;;
       --with-toolkit) WITH_TOOLKIT=1 ;;
       --no-smoke) RUN_SMOKE=0 ;;
+      --nvswitch) NVSWITCH=1 ;;
+      --container-runtime | --smoke-image | --dcgm-level)
+        (($# > 1)) || die 2 "$1 needs a value"
+        case $1 in
+          --container-runtime) RUNTIME=$2 ;;
+          --smoke-image) SMOKE_IMAGE=$2 ;;
+          *) DCGM_LEVEL=$2 ;;
+        esac
+        shift
+        ;;
       --driver-branch)
         (($# > 1)) || die 2 "--driver-branch needs a number"
         BRANCH_WANTED=$2
@@ -149,9 +185,16 @@ parse_args() {
   [[ $DOWNLOAD_TIMEOUT =~ ^[1-9][0-9]{0,5}$ ]] || die 2 "--download-timeout must be a number of seconds"
   if [[ -n $DRIVER_BRANCH ]]; then
     [[ $BRANCH_WANTED =~ ^[0-9]{3}$ ]] || die 2 "--driver-branch must be a driver branch such as $DRIVER_BRANCH"
-    ((BRANCH_WANTED >= DRIVER_BRANCH)) \
-      || die 2 "--driver-branch $BRANCH_WANTED is older than $DRIVER_BRANCH, the oldest that runs CUDA $CUDA_VERSION"
+    ((BRANCH_WANTED >= MIN_BRANCH)) \
+      || die 2 "--driver-branch $BRANCH_WANTED is older than $MIN_BRANCH, the oldest that runs CUDA $CUDA_VERSION"
   fi
+  # Ubuntu's metapackage of the open kernel modules is nvidia-driver-<branch>-open.
+  DRIVER_PACKAGE=nvidia-driver-$BRANCH_WANTED
+  [[ $DRIVER_MODULES != open ]] || DRIVER_PACKAGE+=-open
+  case $RUNTIME in docker | containerd | podman | none) ;; *) die 2 "--container-runtime must be docker, containerd, podman or none" ;; esac
+  [[ $RUNTIME == none || -n $CTK_VERSION ]] || die 2 "--container-runtime $RUNTIME: this script was rendered without the container toolkit (render it with --container-runtime $RUNTIME)"
+  [[ $DCGM_LEVEL =~ ^[0-4]$ ]] || die 2 "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"
+  [[ $SMOKE_IMAGE =~ ^[A-Za-z0-9][A-Za-z0-9._/:@-]*$ ]] || die 2 "--smoke-image must be an image reference such as ubuntu:22.04"
   if ((WITH_TOOLKIT)) && [[ -z $TOOLKIT_PACKAGE ]]; then
     die 2 "--with-toolkit: this stack has no CUDA (variant $VARIANT)"
   fi
@@ -170,6 +213,45 @@ driver_version() { # the loaded driver's version, or nothing
 driver_packages() { # installed nvidia-driver-<branch> metapackages
   dpkg-query -W -f='${db:Status-Status} ${Package}\n' 'nvidia-driver-[0-9]*' 2>/dev/null \
     | awk '$1 == "installed" { print $2 }' || true
+}
+
+pkg_version() { # the installed version of package $1, or nothing
+  dpkg-query -W -f='${db:Status-Status} ${Version}' "$1" 2>/dev/null | awk '$1 == "installed" { print $2 }' || true
+}
+
+gpu_names() { # one line per GPU, as the loaded driver names it
+  [[ -n $DRIVER_NOW ]] || return 0
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true
+}
+
+nvswitch_found() {
+  ((NVSWITCH)) && return 0
+  # NVSwitches on the PCI bus are NVIDIA bridges, class 0680 (A100's 10de:1af1, H100's 10de:22a3);
+  # else eight GPUs of an HGX board's SXM parts, as the loaded driver names them.
+  lspci -n -d 10de: 2>/dev/null | grep -q ' 0680: ' && return 0
+  (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$' || true) >= 8))
+}
+
+fabric_state() { # the "State" line of nvidia-smi -q's Fabric section (Completed, In Progress, N/A)
+  nvidia-smi -q 2>/dev/null | awk '/^ *Fabric *$/ { f = 1; next } f && /^ *State *:/ { sub(/^[^:]*: */, ""); print; exit }' || true
+}
+
+fabric_ready() { # the fabric manager of exactly the loaded driver's version runs
+  [[ $(pkg_version "nvidia-fabricmanager-${DRIVER_NOW%%.*}") == "$DRIVER_NOW"-* ]] \
+    && systemctl is-active --quiet nvidia-fabricmanager 2>/dev/null
+}
+
+runtime_unconfigured() { # the chosen runtime is installed and has no nvidia runtime yet
+  case $RUNTIME in
+    docker) command -v docker >/dev/null 2>&1 && ! grep -qs nvidia-container-runtime /etc/docker/daemon.json ;;
+    containerd) command -v containerd >/dev/null 2>&1 && ! grep -rqs nvidia-container-runtime /etc/containerd ;;
+    *) return 1 ;; # podman reads the CDI spec; nothing to configure
+  esac
+}
+
+ctk_list_text() {
+  # shellcheck disable=SC2016 # $(ARCH) is apt's, not the shell's
+  printf 'deb [signed-by=%s] %s/$(ARCH) /\n' "$CTK_KEYRING" "$CTK_REPO"
 }
 
 has_nvidia_gpu() {
@@ -352,11 +434,11 @@ preflight_driver() {
   mapfile -t OLD_DRIVERS < <(driver_packages)
   if [[ -n $DRIVER_NOW || ${#OLD_DRIVERS[@]} -gt 0 ]] && ((!REPLACE_DRIVER)); then
     die 9 "driver ${DRIVER_NOW:-${OLD_DRIVERS[*]}} is older than $MIN_DRIVER, the oldest that runs CUDA $CUDA_VERSION" \
-      "- pass --replace-driver to install nvidia-driver-$BRANCH_WANTED in its place, or --skip-driver"
+      "- pass --replace-driver to install $DRIVER_PACKAGE in its place, or --skip-driver"
   fi
   if secure_boot_enabled; then
-    die 9 "Secure Boot is enabled and nvidia-driver-$BRANCH_WANTED builds an unsigned module (DKMS)" \
-      "- install Ubuntu's signed linux-modules-nvidia-$BRANCH_WANTED-<kernel flavour> packages or enroll" \
+    die 9 "Secure Boot is enabled and $DRIVER_PACKAGE builds an unsigned module (DKMS)" \
+      "- install Ubuntu's signed linux-modules-${DRIVER_PACKAGE#nvidia-driver-}-<kernel flavour> packages or enroll" \
       "a MOK key (mokutil --import), then run with --skip-driver"
   fi
   INSTALL_DRIVER=1
@@ -390,9 +472,26 @@ plan() {
   if ((INSTALL_DRIVER)); then
     NEED_NVIDIA_REPO=1
     ((${#OLD_DRIVERS[@]} == 0)) || PLAN+=("unhold and purge ${OLD_DRIVERS[*]}")
-    PLAN+=("install nvidia-driver-$BRANCH_WANTED (driver now: ${DRIVER_NOW:-none}, needed: >= $MIN_DRIVER) and hold it")
+    PLAN+=("install $DRIVER_PACKAGE and linux-headers-$(uname -r) (driver now: ${DRIVER_NOW:-none}, needed: >= $MIN_DRIVER) and hold the driver")
   elif [[ -n $MIN_DRIVER && -n $DRIVER_NOW ]]; then
     log "driver $DRIVER_NOW runs CUDA $CUDA_VERSION (needs >= $MIN_DRIVER): unchanged"
+  fi
+  ENABLE_PERSISTENCED=0
+  if [[ -n $MIN_DRIVER ]] && { ((INSTALL_DRIVER)) || [[ -n $DRIVER_NOW ]]; }; then
+    if command -v systemctl >/dev/null 2>&1 && ! systemctl is-enabled --quiet nvidia-persistenced 2>/dev/null; then
+      ENABLE_PERSISTENCED=1
+      PLAN+=("enable nvidia-persistenced")
+    fi
+  fi
+  FABRIC=0
+  if [[ -n $MIN_DRIVER ]] && nvswitch_found; then
+    if [[ -z $DRIVER_NOW ]] || ((INSTALL_DRIVER)); then
+      PLAN+=("NVSwitch system: the fabric manager follows once the new driver is loaded (the run after the reboot)")
+    elif ! fabric_ready; then
+      FABRIC=1
+      NEED_NVIDIA_REPO=1
+      PLAN+=("install nvidia-fabricmanager-${DRIVER_NOW%%.*} $DRIVER_NOW (the loaded driver's version) and start it")
+    fi
   fi
   if unattended_upgrades_present; then
     local blacklist
@@ -409,6 +508,25 @@ plan() {
   if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
     NEED_NVIDIA_REPO=1
     PLAN+=("install $TOOLKIT_PACKAGE")
+  fi
+  CTK=0
+  CONFIGURE_RUNTIME=0
+  CDI=0
+  if [[ $RUNTIME != none ]]; then
+    if [[ $(pkg_version nvidia-container-toolkit) != "$CTK_VERSION" || ! -s $CTK_KEYRING ]]; then
+      CTK=1
+      PLAN+=("install the NVIDIA Container Toolkit $CTK_VERSION from $CTK_REPO (key $CTK_KEY_FINGERPRINT)")
+      command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
+      command -v python3 >/dev/null 2>&1 || APT_NEEDED+=(python3) # reads the key's fingerprint
+    fi
+    if runtime_unconfigured; then
+      CONFIGURE_RUNTIME=1
+      PLAN+=("nvidia-ctk runtime configure --runtime=$RUNTIME, then restart $RUNTIME")
+    fi
+    if [[ -n $DRIVER_NOW && ! -s $CDI_SPEC ]]; then
+      CDI=1
+      PLAN+=("generate the CDI spec $CDI_SPEC (nvidia-ctk cdi generate)")
+    fi
   fi
   if ((NEED_NVIDIA_REPO)) && ! installed cuda-keyring; then
     PLAN=("install NVIDIA's keyring $NVIDIA_REPO/$KEYRING_DEB" "${PLAN[@]}")
@@ -497,10 +615,16 @@ download() { # $1 URL, $2 file: status 0 with the whole file in place, else no f
 
 keyring_fingerprints() { # $1 a keyring .deb, $2 a scratch dir: the primary keys it holds, one a line
   dpkg-deb --fsys-tarfile "$1" >"$2/data.tar" 2>/dev/null || return 1
+  openpgp_fingerprints tar "$2/data.tar"
+}
+
+# tar FILE: the primary keys of every key file in a tar; armor FILE OUT: those of an ASCII-armored
+# key (RFC 4880, 6.2), written unarmored to OUT for apt's signed-by.
+openpgp_fingerprints() {
   # OpenPGP v4 fingerprint: SHA-1 of 0x99, the two-byte length and the public-key packet body
   # (RFC 4880, 12.2); packets are walked by their headers (4.2). Anything unreadable fails.
-  python3 - "$2/data.tar" <<'PY'
-import hashlib, sys, tarfile
+  python3 - "$@" <<'PY'
+import base64, hashlib, sys, tarfile
 
 def packets(data):
     i = 0
@@ -530,19 +654,30 @@ def packets(data):
         i += size
         yield tag, body
 
-with tarfile.open(sys.argv[1]) as tar:
+def fingerprints(data):
+    for tag, body in packets(data):
+        if tag == 6:  # a primary public key; subkeys (14) belong to it
+            if body[0] != 4:
+                raise ValueError("not a v4 key")
+            print(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body).hexdigest().upper())
+
+if sys.argv[1] == "armor":
+    lines = open(sys.argv[2]).read().splitlines()
+    start = lines.index("-----BEGIN PGP PUBLIC KEY BLOCK-----") + 1
+    start = lines.index("", start) + 1  # after the armor headers
+    body = [line for line in lines[start:] if line and not line.startswith(("=", "-----"))]
+    data = base64.b64decode("".join(body), validate=True)
+    fingerprints(data)
+    open(sys.argv[3], "wb").write(data)
+    sys.exit()
+with tarfile.open(sys.argv[2]) as tar:
     for member in tar:
         # Every key file the package ships, wherever it goes (apt trusts .gpg and armored .asc
         # files; armor is not read here, so an .asc file fails the check).
         if member.isfile() and member.name.endswith((".gpg", ".asc")):
             if member.name.endswith(".asc"):
                 raise ValueError("an armored key file")
-            for tag, body in packets(tar.extractfile(member).read()):
-                if tag == 6:  # a primary public key; subkeys (14) belong to it
-                    if body[0] != 4:
-                        raise ValueError("not a v4 key")
-                    digest = hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body)
-                    print(digest.hexdigest().upper())
+            fingerprints(tar.extractfile(member).read())
 PY
 }
 
@@ -597,13 +732,69 @@ install_driver() {
     apt-mark unhold "$package" >/dev/null
     apt_get purge -y "$package"
   done
-  apt_install "nvidia-driver-$BRANCH_WANTED"
+  apt_install "$DRIVER_PACKAGE" "linux-headers-$(uname -r)" # DKMS builds the module against them
   # Held, so that unattended upgrades never swap the userspace libraries under a loaded module.
   local held=()
-  mapfile -t held < <(dpkg-query -W -f='${db:Status-Status} ${Package}\n' "*nvidia*-$BRANCH_WANTED" 2>/dev/null \
-    | awk '$1 == "installed" { print $2 }')
-  apt-mark hold "nvidia-driver-$BRANCH_WANTED" "${held[@]}" >/dev/null
+  mapfile -t held < <(dpkg-query -W -f='${db:Status-Status} ${Package}\n' "*nvidia*-$BRANCH_WANTED" \
+    "*nvidia*-$BRANCH_WANTED-open" 2>/dev/null | awk '$1 == "installed" { print $2 }')
+  apt-mark hold "$DRIVER_PACKAGE" "${held[@]}" >/dev/null
   DRIVER_INSTALLED=1
+}
+
+enable_persistenced() { # started now only when a driver is loaded; else from the next boot on
+  if [[ -n $DRIVER_NOW ]]; then
+    systemctl enable --now nvidia-persistenced
+  else
+    systemctl enable nvidia-persistenced
+  fi
+}
+
+install_fabricmanager() {
+  local branch=${DRIVER_NOW%%.*} version
+  if [[ $(pkg_version "nvidia-fabricmanager-$branch") != "$DRIVER_NOW"-* ]]; then
+    ((APT_UPDATED)) || { apt_get update && APT_UPDATED=1; }
+    version=$(apt-cache madison "nvidia-fabricmanager-$branch" 2>/dev/null \
+      | awk -F' *[|] *' -v v="$DRIVER_NOW-" 'index($2, v) == 1 { print $2; exit }' || true)
+    [[ -n $version ]] || die 1 "no nvidia-fabricmanager-$branch of version $DRIVER_NOW (the loaded driver's) in the apt sources"
+    local packages=("nvidia-fabricmanager-$branch=$version")
+    # Blackwell HGX boards (5th generation NVSwitch) also need NVIDIA's NVLink Subnet Manager
+    # (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/, NVLink Subnet Manager).
+    gpu_names | grep -Eq 'B[23]00' && packages+=(nvlsm)
+    apt_install "${packages[@]}"
+    apt-mark hold "nvidia-fabricmanager-$branch" >/dev/null
+  fi
+  systemctl enable --now nvidia-fabricmanager
+  local waited=0 state
+  while state=$(fabric_state) && [[ $state != Completed ]]; do
+    ((waited < FABRIC_WAIT)) \
+      || die 1 "NVSwitch fabric state is '${state:-unknown}' after ${FABRIC_WAIT}s (nvidia-smi -q, Fabric); check: systemctl status nvidia-fabricmanager"
+    sleep 2
+    waited=$((waited + 2))
+  done
+  log "NVSwitch fabric: $state"
+}
+
+install_ctk() {
+  if [[ ! -s $CTK_KEYRING ]] || differs "$CTK_LIST" "$(ctk_list_text)"$'\n'; then
+    local dir found
+    dir=$(mktemp -d)
+    TEMP_PATHS+=("$dir")
+    download "$CTK_KEY_URL" "$dir/key.asc" \
+      || die 1 "cannot download $CTK_KEY_URL (curl exit $DOWNLOAD_RC); check the network, then run again"
+    found=$(openpgp_fingerprints armor "$dir/key.asc" "$dir/key.gpg" 2>/dev/null || true)
+    [[ $found == "$CTK_KEY_FINGERPRINT" ]] \
+      || die 1 "$CTK_KEY_URL is not the key $CTK_KEY_FINGERPRINT (found: ${found:-no readable key}); not installed"
+    install -m 0644 "$dir/key.gpg" "$CTK_KEYRING"
+    write_atomic "$CTK_LIST" "$(ctk_list_text)"$'\n'
+    APT_UPDATED=0
+  fi
+  apt_install "${CTK_PACKAGES[@]/%/=$CTK_VERSION}"
+  apt-mark hold "${CTK_PACKAGES[@]}" >/dev/null
+}
+
+configure_runtime() {
+  nvidia-ctk runtime configure --runtime="$RUNTIME"
+  systemctl restart "$RUNTIME"
 }
 
 create_venv() {
@@ -632,12 +823,17 @@ apply() {
   ((${#APT_NEEDED[@]} == 0)) || step "installing ${APT_NEEDED[*]}" apt_install "${APT_NEEDED[@]}"
   ((!NEED_NVIDIA_REPO)) || step "NVIDIA's keyring" install_keyring
   ((!INSTALL_DRIVER)) || step "the driver" install_driver
+  ((!ENABLE_PERSISTENCED)) || step "nvidia-persistenced" enable_persistenced
   ((!WRITE_UU)) || step "the unattended-upgrades blacklist" keep_uu_away
   # After the driver: should its install fail, nouveau still drives the GPU at the next boot.
   ((!WRITE_NOUVEAU)) || step "the nouveau blacklist" blacklist_nouveau
   if ((WITH_TOOLKIT)) && ! installed "$TOOLKIT_PACKAGE"; then
     step "the CUDA toolkit" apt_install "$TOOLKIT_PACKAGE"
   fi
+  ((!FABRIC)) || step "the fabric manager" install_fabricmanager
+  ((!CTK)) || step "the NVIDIA Container Toolkit" install_ctk
+  ((!CONFIGURE_RUNTIME)) || step "the $RUNTIME runtime" configure_runtime
+  ((!CDI)) || step "the CDI spec" nvidia-ctk cdi generate --output="$CDI_SPEC"
   venv_ready || step "the Python venv" create_venv
   pins_satisfied || step "the pinned packages" install_pins
   local name
@@ -648,11 +844,29 @@ apply() {
   done
 }
 
-smoke() {
-  local rc=0
+smoke() { # every check runs; the first failure's exit code is the script's
+  local rc=0 code=0 failed=()
   log "smoke test: $VENV/bin/python $PREFIX/smoke.py --lock $PREFIX/envbuild.lock"
   "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
-  ((rc == 0)) || die "$rc" "smoke test failed (exit $rc); its report above names the check"
+  ((rc == 0)) || failed+=("smoke.py (exit $rc)")
+  if [[ $RUNTIME == docker && -n $MIN_DRIVER ]] && command -v docker >/dev/null 2>&1; then
+    log "GPU container: docker run --rm --runtime=nvidia --gpus all $SMOKE_IMAGE nvidia-smi -L"
+    docker run --rm --runtime=nvidia --gpus all "$SMOKE_IMAGE" nvidia-smi -L || code=$?
+    if ((code != 0)); then
+      failed+=("GPU container (exit $code)")
+      ((rc)) || rc=8
+    fi
+  fi
+  if ((DCGM_LEVEL > 0)) && command -v dcgmi >/dev/null 2>&1; then
+    code=0
+    dcgmi diag -r "$DCGM_LEVEL" || code=$?
+    log "dcgmi diag -r $DCGM_LEVEL: $( ((code == 0)) && echo passed || echo "failed (exit $code)")"
+    if ((code != 0)); then
+      failed+=("dcgmi diag -r $DCGM_LEVEL (exit $code)")
+      ((rc)) || rc=7
+    fi
+  fi
+  ((rc == 0)) || die "$rc" "smoke test failed: $(printf '%s, ' "${failed[@]}" | sed 's/, $//'); the reports above name the checks"
 }
 
 main() {

@@ -1,0 +1,132 @@
+"""What ``install.sh`` sets up around the stack on a host: the driver branch and its kernel
+module flavour, NVSwitch handling and the container runtime.
+
+The branch: the one the user gave (``--driver``, or the host's with ``--host``), else the
+newest production or long-term support branch in ``matrices/driver_branches.yaml`` that runs
+the stack (its ``min_driver``) and every target GPU (``min_driver_branch`` ..
+``last_driver_branch`` of ``gpus.yaml``); never merely the stack's minimum.
+
+The flavour, by NVIDIA's guidance (https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/kernel-modules.html,
+read 2026-11-24): the proprietary modules are required for Maxwell, Pascal and Volta (the open
+ones need the GSP that Turing introduced); from the 560 series the open modules are the default
+for Turing and later; Blackwell and Grace Hopper run only on the open modules. A combination no
+flavour or branch can serve is a ``PreflightFailed`` (exit 9) naming why. Ubuntu's package for
+each: ``nvidia-driver-<branch>-open`` or ``nvidia-driver-<branch>``
+(https://packages.ubuntu.com/noble-updates/nvidia-driver-580, read 2026-11-24).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from envbuild.data.gpus import GpuTarget, fold_name
+from envbuild.data.relations import Row
+from envbuild.errors import DataError, PreflightFailed
+
+RUNTIMES = ("docker", "containerd", "podman", "none")
+OPEN_DEFAULT_FROM = 560  # the first branch whose default flavour is the open modules
+
+
+@dataclass(frozen=True, slots=True)
+class Toolkit:
+    """The NVIDIA Container Toolkit pin (matrices/container_toolkit.yaml)."""
+
+    version: str
+    repository: str
+    key_url: str
+    key_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSetup:
+    branch: str  # "" for a CPU stack
+    modules: str  # "open" | "proprietary" | ""
+    why: str  # one line for the script's header: how the branch was chosen
+    nvswitch: bool = False  # --nvswitch: fabric manager whatever detection finds
+    runtime: str = "docker"
+    toolkit: Toolkit | None = None
+
+
+def _pre_turing(gpu: GpuTarget) -> bool:
+    return tuple(map(int, gpu.compute_capability.split("."))) < (7, 5)
+
+
+def _open_only(gpu: GpuTarget) -> str | None:
+    """Why ``gpu`` needs the open modules, or None: Blackwell (compute capability 10 and
+    later) and the Grace Hopper / Grace Blackwell superchips (GH200, GB200, ...)."""
+    folded = fold_name(gpu.label)
+    if folded[:2] in ("gh", "gb") and folded[2:3].isdigit():
+        return f"{gpu.label} (Grace) runs only on the open kernel modules"
+    if int(gpu.compute_capability.split(".")[0]) >= 10:
+        return f"{gpu.label} (Blackwell) runs only on the open kernel modules"
+    return None
+
+
+def _supports(gpu: GpuTarget, branch: int) -> bool:
+    return (gpu.min_driver_branch or 0) <= branch <= (gpu.last_driver_branch or branch)
+
+
+def choose(min_driver: str | None, branches: Sequence[Row], gpus: Sequence[GpuTarget],
+           driver_branch: int | None) -> tuple[str, str, str]:
+    """(branch, flavour, why) for a stack whose driver floor is ``min_driver``."""
+    if not min_driver:
+        return "", "", "a CPU stack: no driver"
+    floor = int(min_driver.split(".")[0])
+    names = ", ".join(g.label for g in gpus)
+    if driver_branch is not None:
+        branch, why = driver_branch, f"the branch given (--driver {driver_branch})"
+        if branch < floor:
+            raise PreflightFailed(f"driver branch {branch} is older than {floor}, the oldest that "
+                                  f"runs CUDA of this stack (needs >= {min_driver})")
+        for gpu in gpus:
+            if not _supports(gpu, branch):
+                first, last = gpu.min_driver_branch or "any", gpu.last_driver_branch or "current"
+                raise PreflightFailed(f"driver branch {branch} does not support {gpu.label} "
+                                      f"(branches {first} to {last})")
+    else:
+        usable = sorted((r["branch"] for r in branches if r["designation"] in ("production", "lts")
+                         and r["branch"] >= floor and all(_supports(g, r["branch"]) for g in gpus)),
+                        reverse=True)
+        if not usable:
+            raise PreflightFailed(f"no production or long-term support driver branch (driver_branches.yaml) "
+                                  f"runs this stack (>= {min_driver})" + (f" and {names}" if gpus else ""),
+                                  hint="pass --driver BRANCH")
+        branch, why = usable[0], "the newest production or long-term support branch that runs the stack" + (
+            f" and {names}" if gpus else "")
+    old = [g.label for g in gpus if _pre_turing(g)]
+    needs_open = [reason for g in gpus if (reason := _open_only(g))]
+    if old and needs_open:
+        raise PreflightFailed(f"no kernel module flavour drives both {', '.join(old)} (Maxwell to Volta: "
+                              f"proprietary modules only) and {needs_open[0].split(' runs')[0]} (open "
+                              "modules only)", hint="set up these GPUs on separate hosts")
+    if old:
+        return str(branch), "proprietary", why
+    if needs_open or branch >= OPEN_DEFAULT_FROM:
+        return str(branch), "open", why
+    return str(branch), "proprietary", why
+
+
+def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Sequence[Row],
+               gpus: Sequence[GpuTarget] = (), driver_branch: int | None = None, *,
+               nvswitch: bool = False, runtime: str = "docker") -> HostSetup:
+    branch, modules, why = choose(min_driver, branches, gpus, driver_branch)
+    if not branch:
+        runtime = "none"  # a CPU stack: no GPU to hand to containers
+    toolkit = None
+    if runtime != "none":
+        if len(toolkit_rows) != 1:
+            raise DataError("container_toolkit.yaml must hold exactly one row (the pinned release)")
+        r = toolkit_rows[0]
+        toolkit = Toolkit(version=r["version"], repository=r["repository"], key_url=r["key_url"],
+                          key_fingerprint=r["key_fingerprint"])
+    return HostSetup(branch=branch, modules=modules, why=why, nvswitch=nvswitch, runtime=runtime,
+                     toolkit=toolkit)
+
+
+def default_setup(min_driver: str | None) -> HostSetup:
+    """Without the matrix (a caller that passes none): the stack's own branch, no container
+    toolkit. ``render script`` always passes a chosen setup."""
+    branch = min_driver.split(".")[0] if min_driver else ""
+    modules = "" if not branch else "open" if int(branch) >= OPEN_DEFAULT_FROM else "proprietary"
+    return HostSetup(branch=branch, modules=modules, why="the stack's oldest branch", runtime="none")
