@@ -329,7 +329,8 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "index_url": index_url,
         "wheelhouse": bool(wheelhouse),
         # A throwaway first stage: the wheels or the CA bundle stay in it, out of the image.
-        "build_stage": ("envbuild-build" if ca_bundle else
+        # With BuildKit the bundle is a secret, a file of no layer: one stage, no copy of the venv.
+        "build_stage": ("envbuild-build" if ca_bundle and not buildkit else
                         "envbuild-wheelhouse" if wheelhouse else None),
         "peaks": peaks,
         "python_provision": lock.python_provision,
