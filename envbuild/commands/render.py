@@ -19,6 +19,7 @@ from envbuild.commands.options import (
     reject_image_options,
     render_options,
     resolve_lock,
+    warn,
     warn_all,
 )
 from envbuild.errors import UsageError
@@ -27,13 +28,12 @@ if TYPE_CHECKING:
     from envbuild.fs import FileData
     from envbuild.render.lock import Lock
 
-# A host renderer (render script, render cloud-init): a lock in, files out.
-Renderer = Callable[["Lock", "str | None"], dict[str, bytes]]
+# A host renderer (render script, render cloud-init): the arguments and a lock in, files out.
+Renderer = Callable[[argparse.Namespace, "Lock", "str | None"], dict[str, bytes]]
 
 
 def add_commands(commands: Any) -> None:
     """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
-    from envbuild.render.script import render_cloud_init, render_script
 
     r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
     sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
@@ -46,12 +46,21 @@ def add_commands(commands: Any) -> None:
     d.set_defaults(run=cmd_render_docker)
     for name, text, renderer in (
             ("script", "a host install script: install.sh, lock, smoke test", render_script),
-            ("cloud-init", "cloud-init user-data running the host install script", render_cloud_init)):
+            ("cloud-init", "cloud-init user-data running the host install script (at most 16 KB "
+                           "for any stack: EC2's limit)", render_user_data)):
         h = sub.add_parser(name, help=text)
         add_selectors(h)
-        add_render_options(h)
+        add_render_options(h, host=True)
         h.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
         h.add_argument("--target", metavar="NAME", help="the lock's target to render (when it has several)")
+        if name == "cloud-init":
+            g = h.add_argument_group("first boot")
+            g.add_argument("--smoke-url", metavar="URL",
+                           help="https URL of the full smoke test, run after install.sh instead of "
+                                "the compact check (publish the smoke.py 'render script' writes)")
+            g.add_argument("--smoke-sha256", metavar="HEX",
+                           help="sha256 the file at --smoke-url must have, checked before it runs "
+                                "(default: this envbuild's smoke.py)")
         add_output_dir(h)
         h.set_defaults(run=render_host(renderer))
 
@@ -103,22 +112,65 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
     return 0
 
 
+def render_script(args: argparse.Namespace, lock: Lock, carried: str | None) -> dict[str, bytes]:
+    from envbuild.render.script import render_script as render
+
+    return render(lock, carried)
+
+
+def render_user_data(args: argparse.Namespace, lock: Lock, carried: str | None) -> dict[str, bytes]:
+    """The user-data; over EC2's limit (a closure's requirements) it is still written, with a
+    warning naming its size: other clouds take more."""
+    from envbuild.render.cloudinit import USER_DATA_LIMIT, render_cloud_init, smoke_source
+
+    files = render_cloud_init(lock, carried, smoke_source(args.smoke_url, args.smoke_sha256))
+    size = len(files["user-data"])
+    if size > USER_DATA_LIMIT:
+        warn(f"user-data is {size} bytes, over the {USER_DATA_LIMIT} bytes EC2 accepts; "
+             "clouds with a larger limit take it as it is")
+    return files
+
+
 def render_host(renderer: Renderer) -> Command:
     """The command for one host renderer: the lock read (or resolved), rendered, written."""
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
-        return write_files(args, renderer(*read_or_resolve_lock(args, env)), out)
+        return write_files(args, renderer(args, *read_or_resolve_lock(args, env)), out)
     return run
+
+
+def reject_host_options(args: argparse.Namespace) -> None:
+    """--base-image and --user shape an image; a host install cannot honour them (README
+    "Host install"), so they are refused rather than ignored. Then --user takes the lock's
+    default, which no host install reads."""
+    for option, given in (("--base-image", args.base_image is not None), ("--user", args.user is not None)):
+        if given:
+            raise UsageError(f"{option} applies to images; render {args.render_target} installs on a "
+                             "host, which has no base image and keeps its own accounts",
+                             hint="leave it out (the venv in /opt/envbuild is root's and every account "
+                                  "can run it), or use render docker / build")
+    args.user = "envbuild"
+
+
+def warn_image_only(lock: Lock) -> None:
+    """A lock made for an image may name a base image or user of its own: the host ignores both."""
+    if lock.base_image != lock.stack.base_image:
+        warn(f"the lock's base image {lock.base_image} applies to images only; the host install ignores it")
+    if lock.user != "envbuild":
+        warn(f"the lock's user {lock.user} applies to images only; the host install creates no account")
 
 
 def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, str | None]:
     """The lock, and the lock file text a locked closure ships (its own target's lock set).
-    Unlike render docker, the --lock rule is checked before any option is validated."""
+    Unlike render docker, the --lock rule is checked before any option is validated (after the
+    options a host install refuses outright)."""
     from envbuild.render.lockset import read_lockset
 
+    reject_host_options(args)
     if args.lock:
         reject_image_options(args, kind="install")
         lockset = read_lockset(Path(args.lock))
         name, lock = lockset.select(args.target)
+        warn_image_only(lock)
         return lock, lockset.only(name).to_json() if lock.pylock is not None else None
     if args.target:
         raise UsageError("--target selects a target of --lock FILE")
