@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -168,7 +169,12 @@ def test_strip_comments_keeps_code_quotes_and_here_documents() -> None:
             "PY\necho `x` # kept: a backtick\n#!/not/first\n")
     assert cloudinit.strip_comments(text) == (
         "#!/usr/bin/env bash\nx=1\necho \"a # b\"\necho 'it''s'\nn=${#a[@]}\ncat <<'PY'\n# kept\n"
-        "x = 1  # kept\nPY\necho `x` # kept: a backtick\n#!/not/first\n")
+        "x = 1  # kept\nPY\necho `x` # kept: a backtick\n")
+    # Indentation goes, except inside a string that spans lines (its text) and a here-document.
+    text = ("#!/bin/bash\nf() {\n  python3 -c '\n  # kept\nif 1:\n    x = 1  # kept\n' # gone\n"
+            "  x=$'a\\'b' # gone\n}\n")
+    assert cloudinit.strip_comments(text) == (
+        "#!/bin/bash\nf() {\npython3 -c '\n  # kept\nif 1:\n    x = 1  # kept\n'\nx=$'a\\'b'\n}\n")
 
 
 BASH_VIEW = r"""
@@ -472,6 +478,19 @@ def test_a_locks_image_only_values_are_named_in_a_warning(tmp_path: Path,
     assert cli.main(["render", "script", "--lock", str(lock), "-o", str(tmp_path / "o")], env={}) == 0
     assert ("envbuild: warning: the lock's user alice applies to images only; the host install creates "
             "no account") in capsys.readouterr().err
+    # The stack's own base image, pinned by digest (as 'envbuild lock' records it), is no news.
+    data = json.loads(lock.read_text())
+    digest = f"sha256:{'a' * 64}"
+    data.update(user="envbuild", base_image=f"{data['base_image']}@{digest}", base_digest=digest)
+    lock.write_text(json.dumps(data))
+    assert cli.main(["render", "script", "--lock", str(lock), "-o", str(tmp_path / "p")], env={}) == 0
+    assert "warning" not in capsys.readouterr().err
+    data["base_image"] = "registry.example/mirror/cuda:12.4.1-base-ubuntu22.04"
+    data["base_digest"] = None
+    lock.write_text(json.dumps(data))
+    assert cli.main(["render", "script", "--lock", str(lock), "-o", str(tmp_path / "q")], env={}) == 0
+    assert ("the lock's base image registry.example/mirror/cuda:12.4.1-base-ubuntu22.04 applies to images "
+            "only") in capsys.readouterr().err
 
 
 def test_smoke_sha256_defaults_to_this_envbuilds_smoke_py(matrix: matrixmod.Matrix) -> None:

@@ -537,3 +537,47 @@ def test_a_wheel_that_does_not_match_its_hash_is_not_installed(closure_host: Hos
     assert code not in (0, 10), out
     assert "HASHES" in out.upper() or "hash" in out
     assert "tinydep" not in host.sh("/opt/envbuild/venv/bin/python -m pip list --format=freeze 2>&1")[1]
+
+
+def test_user_data_first_boot_runs_the_embedded_script_and_exports_env(
+        docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> None:
+    """The user-data's files as cloud-init writes them (install.sh without its comments, gunzipped),
+    then firstboot.sh as runcmd runs it: install.sh installs (--env pairs in /etc/profile.d, read
+    back by a login shell), then check.py runs and fails on the placeholder torch (no torch.cuda),
+    exit 7; a second boot changes nothing; a lock without --env removes the file again."""
+    import base64
+    import gzip
+
+    import yaml
+
+    from envbuild.render import cloudinit
+
+    base = lockmod.from_json(rendered["envbuild.lock"].decode())
+    lock = replace(base, env=(("HF_HOME", "/data/hf"), ("QUOTED", "it's $HOME")))
+    files = {}
+    for entry in yaml.safe_load(cloudinit.render_cloud_init(lock)["user-data"])["write_files"]:
+        data = entry["content"].encode()
+        if entry.get("encoding") == "gz+b64":
+            data = gzip.decompress(base64.b64decode(data))
+        files[entry["path"].rsplit("/", 1)[1]] = data
+    files["install.sh"] = with_test_key(files["install.sh"])
+    files["install-noenv.sh"] = rendered["install.sh"]
+    wheel_name, wheel = _wheel()
+    with started_host(docker_client, files, {f"simple/torch/{wheel_name}": wheel}, tmp_path) as h:
+        ubuntu(h)
+        h.state(gpu="1", driver="550.54.15")
+        h.sh(f"mkdir -p /opt/envbuild && cd {SRC} && cp install.sh firstboot.sh check.py /opt/envbuild/")
+        boot = "PATH=/stubs:$PATH bash /opt/envbuild/firstboot.sh 2>&1"
+        code, out = h.sh(boot)
+        assert code == 7, out
+        assert "envbuild-check: FAILED AttributeError" in out  # the chain reached check.py
+        assert "export the lock's --env pairs in /etc/profile.d/envbuild-env.sh" in out
+        code, shown = h.sh("sh -lc 'printf \"%s|%s\" \"$HF_HOME\" \"$QUOTED\"'")
+        assert shown == "/data/hf|it's $HOME", shown
+        before = h.snapshot()
+        code, out = h.sh(boot)
+        assert code == 7 and "nothing to change" in out, out
+        assert h.snapshot() == before
+        code, out = h.sh(f"PATH=/stubs:$PATH bash {SRC}/install-noenv.sh --yes --no-smoke 2>&1")
+        assert code == 0 and "remove /etc/profile.d/envbuild-env.sh" in out, out
+        assert h.sh("test -e /etc/profile.d/envbuild-env.sh")[0] != 0

@@ -153,7 +153,7 @@ def reject_host_options(args: argparse.Namespace) -> None:
 
 def warn_image_only(lock: Lock) -> None:
     """A lock made for an image may name a base image or user of its own: the host ignores both."""
-    if lock.base_image != lock.stack.base_image:
+    if lock.base_image.split("@", 1)[0] != lock.stack.base_image:  # the stack's own, pinned: no news
         warn(f"the lock's base image {lock.base_image} applies to images only; the host install ignores it")
     if lock.user != "envbuild":
         warn(f"the lock's user {lock.user} applies to images only; the host install creates no account")

@@ -3,8 +3,8 @@
 EC2 takes at most 16 KB of user-data (16384 bytes as uploaded, before its own base64), so the
 user-data carries only what the first boot runs:
 
-- ``install.sh`` as ``envbuild render script`` writes it, without its comments (the header
-  names the sha256 of both; bash reads the same functions from either), gzip+base64
+- ``install.sh`` as ``envbuild render script`` writes it, without its comments and indentation
+  (the header names the sha256 of both; bash reads the same functions from either), gzip+base64
   (cloud-init's ``encoding: gz+b64``);
 - ``firstboot.sh``, which runs install.sh, then either the compact ``check.py`` (torch is the
   lock's pin, sees the GPUs, multiplies on each; its two facts as arguments) or, with
@@ -65,41 +65,58 @@ def smoke_source(url: str | None, sha256: str | None) -> SmokeSource | None:
     return SmokeSource(url=url, sha256=digest)
 
 
-# A comment line ('#' then a space or nothing, never '#!'), and a comment after a command.
-_COMMENT = re.compile(r"[ \t]*#(?: .*)?")
-_TRAILING = re.compile(r"(?P<code>.*\S)[ \t]+#(?: .*)?")
 _HEREDOC = re.compile(r"(?<!<)<<-?[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
 
 
-def _code(line: str) -> str:
-    """``line`` without a comment after its command, when the '#' is surely outside any quote:
-    what comes before it has no backtick, no escaped quote and its quotes paired."""
-    match = _TRAILING.fullmatch(line)
-    if match is None:
-        return line
-    code = match["code"]
-    if "`" in code or "\\" in code or code.count("'") % 2 or code.count('"') % 2:
-        return line
-    return code
+def _scan(line: str, quote: str) -> tuple[int, str]:
+    """Where ``line``'s comment starts (``len(line)`` without one) and the quote open at its end,
+    ``quote`` being the one open at its start: '' none, "'" single, '"' double, "$'" ANSI-C."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif quote:  # double or ANSI-C: a backslash escapes the next character
+            if c == "\\":
+                i += 1
+            elif c == quote[-1]:
+                quote = ""
+        elif c == "\\":
+            i += 1
+        elif c == "#" and (i == 0 or line[i - 1] in " \t;"):
+            return i, quote
+        elif c in "'\"":
+            quote = "$'" if c == "'" and i > 0 and line[i - 1] == "$" else c
+        i += 1
+    return len(line), quote
 
 
 def strip_comments(script: str) -> str:
-    """``script`` without its comments (the first line, ``#!``, stays): bash reads the same
-    functions and values (tests/test_cloud_init.py compares ``declare -f`` of both). A
-    here-document's lines are data and stay as they are, up to its end word."""
+    """``script`` without its comments and indentation (the first line, ``#!``, stays): bash
+    reads the same functions and values (tests/test_cloud_init.py compares ``declare -f`` of
+    both). A line that starts inside a quoted string, and a here-document up to its end word,
+    stay as they are; a line with a backtick keeps its comment."""
     lines = script.splitlines()
     kept = lines[:1]
     end: str | None = None
+    quote = ""
     for line in lines[1:]:
         if end is not None:
             kept.append(line)
             if line.lstrip("\t") == end:
                 end = None
             continue
-        if _COMMENT.fullmatch(line):
+        if quote:  # inside a string that began on an earlier line: its text, as it is
+            cut, quote = _scan(line, quote)
+            kept.append(line if "`" in line else line[:cut].rstrip(" \t"))
             continue
-        kept.append(_code(line))
-        heredoc = _HEREDOC.search(line)
+        code = line.lstrip(" \t")
+        cut, quote = _scan(code, "")
+        if "`" not in code[:cut]:
+            code = code[:cut].rstrip(" \t")
+        if code:
+            kept.append(code)
+        heredoc = _HEREDOC.search(code)
         if heredoc is not None:
             end = heredoc.group(2)
     return "\n".join(kept) + "\n"
