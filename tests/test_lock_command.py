@@ -287,9 +287,11 @@ def test_the_host_script_installs_the_same_files(tmp_path: Path, indexes: str, e
     """render script / cloud-init from a closure: the layers' hash-pinned requirements beside
     install.sh (and inside the user-data), installed with --no-deps --no-index --require-hashes,
     then the installed-set check; shellcheck finds nothing at warning level."""
-    import base64
+    import gzip
     import shutil
     import subprocess
+
+    import yaml
 
     # Ubuntu 22.04's own python3 (3.10), as a host has it. Locked once with a pinned base (uv's
     # cache filled), then --offline: the stack's own base stays a tag, uv answers from its cache.
@@ -320,10 +322,15 @@ def test_the_host_script_installs_the_same_files(tmp_path: Path, indexes: str, e
                               text=True)
         assert done.returncode == 0, done.stdout
     code, _, err = run(capsys, env, "render", "cloud-init", "--lock", "envbuild.lock", "-o", "cloud")
+    assert code == 2 and "--smoke-url" in err  # docs/faults.md N6: the installed-set check is smoke.py's
+    code, _, err = run(capsys, env, "render", "cloud-init", "--lock", "envbuild.lock", "-o", "cloud",
+                       "--smoke-url", "https://files.example/smoke.py")
     assert code == 0, err
-    user_data = (tmp_path / "cloud" / "user-data").read_text()
-    torch_txt = base64.b64encode((host / "requirements" / "torch.txt").read_bytes()).decode()
-    assert "/opt/envbuild/requirements/torch.txt" in user_data and torch_txt in user_data
+    user_data = gzip.decompress((tmp_path / "cloud" / "user-data").read_bytes())
+    assert user_data == (tmp_path / "cloud" / "user-data.yaml").read_bytes()
+    written = {f["path"]: f["content"] for f in yaml.safe_load(user_data)["write_files"]}
+    torch_txt = written["/opt/envbuild/requirements/torch.txt"].encode()
+    assert torch_txt == (host / "requirements" / "torch.txt").read_bytes()
 
 
 def test_previous_pins_are_kept_until_upgraded(tmp_path: Path, indexes: str, env: dict[str, str],

@@ -3,7 +3,7 @@ policy, the lock's limits, and a property: a user value never changes the script
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 import re
 import shlex
@@ -23,9 +23,9 @@ from envbuild.data import matrix as matrixmod
 from envbuild.data.gpus import find_gpu
 from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
+from envbuild.render import cloudinit, script
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
-from envbuild.render import script
 from envbuild.render.hostsetup import HostSetup, host_setup
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
@@ -93,11 +93,13 @@ def test_golden(name: str, matrix: matrixmod.Matrix, request: pytest.FixtureRequ
     lock = case_lock(name, matrix)
     host = case_host(name, matrix, lock)
     rendered = script.render_script(lock, host=host)
-    user_data = script.render_cloud_init(lock, host=host)["user-data"]
-    # smoke.py and the lock (its matrices digest) change with other modules and data; the golden
-    # keeps user-data's own structure (test_cloud_init_* checks the embedded bytes).
-    for embedded in ("smoke.py", "envbuild.lock"):
-        user_data = user_data.replace(base64.b64encode(rendered[embedded]), f"<{embedded}>".encode())
+    user_data = cloudinit.render_cloud_init(lock, host=host)["user-data.yaml"]
+    # install.sh is golden beside it; the golden keeps user-data's own structure
+    # (test_cloud_init_writes_install_sh_firstboot_and_check checks the embedded bytes).
+    embedded = yaml.safe_load(user_data)["write_files"][0]["content"].rstrip("\n")
+    block = "".join(f"      {line}\n" if line else "\n" for line in embedded.split("\n"))
+    assert block.encode() in user_data
+    user_data = user_data.replace(block.encode(), b"      <install.sh without comments>\n")
     files = {"install.sh": rendered["install.sh"], "user-data": user_data}
     folder = GOLDEN / name
     if request.config.getoption("--update-golden"):
@@ -227,24 +229,32 @@ def test_forward_compat_and_unsupported_ubuntu_refused(matrix: matrixmod.Matrix)
     with pytest.raises(UsageError, match="forward compatibility"):
         script.render_script(replace(lock, stack=lock.stack.replace(compat="forward")))
     with pytest.raises(UsageError, match=r"Ubuntu 26\.04") as info:
-        script.render_cloud_init(replace(lock, stack=lock.stack.replace(ubuntu="26.04")))
+        cloudinit.render_cloud_init(replace(lock, stack=lock.stack.replace(ubuntu="26.04")))
     assert info.value.exit_code == 2
 
 
-def test_cloud_init_writes_the_three_files_then_runs(matrix: matrixmod.Matrix) -> None:
+def test_cloud_init_writes_install_sh_firstboot_and_check(matrix: matrixmod.Matrix) -> None:
     lock = case_lock("driver550-top", matrix)
     files = script.render_script(lock)
-    text = script.render_cloud_init(lock)["user-data"].decode()
+    text = cloudinit.render_cloud_init(lock)["user-data.yaml"].decode()
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
     written = {f["path"]: f for f in data["write_files"]}
-    for name in ("install.sh", "smoke.py", "envbuild.lock"):
-        entry = written[f"/opt/envbuild/{name}"]
-        assert entry["encoding"] == "b64"
-        assert base64.b64decode(entry["content"]) == files[name]
-    assert written["/opt/envbuild/install.sh"]["permissions"] == "0755"
-    assert data["runcmd"][0][:2] == ["bash", "-c"]
-    assert "bash /opt/envbuild/install.sh --yes" in data["runcmd"][0][2]
+    assert sorted(written) == [*(f"/opt/envbuild/{n}" for n in ("check.py", "firstboot.sh", "install.sh")),
+                               "/var/lib/cloud/scripts/per-boot/envbuild-resume.sh"]
+    entry = written["/opt/envbuild/install.sh"]
+    assert "encoding" not in entry and entry["permissions"] == "0755"
+    embedded = entry["content"].encode()
+    assert embedded == cloudinit.strip_comments(files["install.sh"].decode()).encode()
+    for digest in (hashlib.sha256(files["install.sh"]).hexdigest(), hashlib.sha256(embedded).hexdigest()):
+        assert f"(sha256 {digest})" in text  # the header names both
+    firstboot = written["/opt/envbuild/firstboot.sh"]["content"]
+    assert 'bash "$P/install.sh" --yes --no-smoke' in firstboot
+    assert f'check.py" {lock.packages["torch"]} {lock.stack.cuda}\n' in firstboot
+    assert "smoke.py" not in firstboot and "curl" not in firstboot  # no download without --smoke-url
+    assert data["runcmd"] == [["bash", "/opt/envbuild/firstboot.sh"]]
+    assert "exec bash /opt/envbuild/firstboot.sh" in written[
+        "/var/lib/cloud/scripts/per-boot/envbuild-resume.sh"]["content"]
     assert data["power_state"]["mode"] == "reboot"
 
 
@@ -254,7 +264,8 @@ def test_cloud_init_writes_the_three_files_then_runs(matrix: matrixmod.Matrix) -
 def test_cli_render_script_and_cloud_init(tmp_path: Path) -> None:
     lines: list[str] = []
     for target, wanted in (("script", [".envbuild-output", "envbuild.lock", "install.sh", "smoke.py"]),
-                           ("cloud-init", [".envbuild-output", "envbuild.lock", "user-data"])):
+                           ("cloud-init",
+                            [".envbuild-output", "envbuild.lock", "user-data", "user-data.yaml"])):
         out = tmp_path / target
         assert cli.main(["render", target, "--driver", "550", "-o", str(out)], env={}) == 0
         assert sorted(p.name for p in out.iterdir()) == wanted
@@ -406,7 +417,7 @@ def test_user_values_never_change_commands(matrix: matrixmod.Matrix, data: st.Da
         words, base_words = shlex.split(line), shlex.split(base_line)
         assert len(words) == len(base_words) and words[:-1] == base_words[:-1], (line, base_line)
         assert words[-1].split("=", 1)[0] == base_words[-1].split("=", 1)[0]
-    if field not in ("env", "user"):  # the value lands whole in exactly one word
+    if field != "user":  # the value lands whole in exactly one word (--env as KEY=value)
         assert any(value in w for line in facts for w in shlex.split(line)), value
 
 

@@ -730,3 +730,44 @@ def test_container_toolkit_key_of_another_is_refused(docker_client: Any, rendere
         assert h.sh("ls /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg "
                     "/etc/apt/sources.list.d/nvidia-container-toolkit.list 2>/dev/null")[1] == ""
         assert "nvidia-container-toolkit=" not in h.log()
+
+
+def test_user_data_first_boot_runs_the_embedded_script_and_exports_env(
+        docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> None:
+    """The user-data's files as cloud-init writes them (install.sh without its comments, gunzipped),
+    then firstboot.sh as runcmd runs it: install.sh installs (--env pairs in /etc/profile.d, read
+    back by a login shell), then check.py runs and fails on the placeholder torch (no torch.cuda),
+    exit 7; a second boot changes nothing; a lock without --env removes the file again."""
+    import gzip
+
+    import yaml
+
+    from envbuild.render import cloudinit
+
+    base = lockmod.from_json(rendered["envbuild.lock"].decode())
+    lock = replace(base, env=(("HF_HOME", "/data/hf"), ("QUOTED", "it's $HOME")))
+    files = {}
+    user_data = cloudinit.render_cloud_init(lock)["user-data"]
+    for entry in yaml.safe_load(gzip.decompress(user_data))["write_files"]:  # as cloud-init reads it
+        files[entry["path"].rsplit("/", 1)[1]] = entry["content"].encode()
+    files["install.sh"] = with_test_key(files["install.sh"])
+    files["install-noenv.sh"] = rendered["install.sh"]
+    wheel_name, wheel = _wheel()
+    with started_host(docker_client, files, {f"simple/torch/{wheel_name}": wheel}, tmp_path) as h:
+        ubuntu(h)
+        h.state(gpu="1", driver="550.54.15")
+        h.sh(f"mkdir -p /opt/envbuild && cd {SRC} && cp install.sh firstboot.sh check.py /opt/envbuild/")
+        boot = "PATH=/stubs:$PATH bash /opt/envbuild/firstboot.sh 2>&1"
+        code, out = h.sh(boot)
+        assert code == 7, out
+        assert "envbuild-check: FAILED AttributeError" in out  # the chain reached check.py
+        assert "export the lock's --env pairs in /etc/profile.d/envbuild-env.sh" in out
+        code, shown = h.sh("sh -lc 'printf \"%s|%s\" \"$HF_HOME\" \"$QUOTED\"'")
+        assert shown == "/data/hf|it's $HOME", shown
+        before = h.snapshot()
+        code, out = h.sh(boot)
+        assert code == 7 and "nothing to change" in out, out
+        assert h.snapshot() == before
+        code, out = h.sh(f"PATH=/stubs:$PATH bash {SRC}/install-noenv.sh --yes --no-smoke 2>&1")
+        assert code == 0 and "remove /etc/profile.d/envbuild-env.sh" in out, out
+        assert h.sh("test -e /etc/profile.d/envbuild-env.sh")[0] != 0

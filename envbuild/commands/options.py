@@ -79,16 +79,24 @@ def add_selectors(p: argparse.ArgumentParser) -> None:
                             "--variant default $PIP_INDEX_URL, else pip's configured index)")
 
 
-def add_render_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("image")
-    g.add_argument("--base-image", metavar="REF", help="FROM this image (mirror or private registry)")
+def add_render_options(p: argparse.ArgumentParser, *, host: bool = False) -> None:
+    """The image options; ``host``: as render script / cloud-init take them (a host has no base
+    image and its accounts are its own: --base-image and --user are refused there, exit 2)."""
+    g = p.add_argument_group("install" if host else "image")
+    g.add_argument("--base-image", metavar="REF",
+                   help="images only: refused here (exit 2), a host has no base image" if host
+                   else "FROM this image (mirror or private registry)")
     g.add_argument("--python-url", metavar="URL",
                    help="standalone CPython tarball, when the distro's python3 is not the stack's")
     g.add_argument("--python-sha256", metavar="HEX", help="sha256 of --python-url")
     g.add_argument("--apt-package", action="append", default=[], metavar="NAME")
     g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
-    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--user", default="envbuild", help="the image's unprivileged user")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="exported in /etc/profile.d/envbuild-env.sh (login shells) and to the "
+                        "smoke test (repeatable)" if host else "an ENV of the image (repeatable)")
+    g.add_argument("--user", default=None if host else "envbuild",
+                   help="images only: refused here (exit 2); the venv is root's, every account "
+                        "runs it" if host else "the image's unprivileged user (default envbuild)")
     g.add_argument("--no-companions", dest="companions", action="store_false",
                    help="install torch alone, without torchvision and torchaudio")
 

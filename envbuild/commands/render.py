@@ -19,6 +19,7 @@ from envbuild.commands.options import (
     reject_image_options,
     render_options,
     resolve_lock,
+    warn,
     warn_all,
 )
 from envbuild.errors import UsageError
@@ -28,14 +29,13 @@ if TYPE_CHECKING:
     from envbuild.render.hostsetup import HostSetup
     from envbuild.render.lock import Lock
 
-# A host renderer (render script, render cloud-init): a lock, the lock text it ships and the host
-# setup in, files out.
-Renderer = Callable[["Lock", "str | None", "HostSetup"], dict[str, bytes]]
+# A host renderer (render script, render cloud-init): the arguments, a lock, the lock text it
+# ships and the host setup in, files out.
+Renderer = Callable[[argparse.Namespace, "Lock", "str | None", "HostSetup"], dict[str, bytes]]
 
 
 def add_commands(commands: Any) -> None:
     """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
-    from envbuild.render.script import render_cloud_init, render_script
 
     r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
     sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
@@ -48,10 +48,11 @@ def add_commands(commands: Any) -> None:
     d.set_defaults(run=cmd_render_docker)
     for name, text, renderer in (
             ("script", "a host install script: install.sh, lock, smoke test", render_script),
-            ("cloud-init", "cloud-init user-data running the host install script", render_cloud_init)):
+            ("cloud-init", "cloud-init user-data running the host install script (at most 16 KB "
+                           "for any stack: EC2's limit)", render_user_data)):
         h = sub.add_parser(name, help=text)
         add_selectors(h)
-        add_render_options(h)
+        add_render_options(h, host=True)
         h.add_argument("--lock", metavar="FILE", help="render from this lock instead of resolving")
         h.add_argument("--target", metavar="NAME", help="the lock's target to render (when it has several)")
         h.add_argument("--nvswitch", action="store_true",
@@ -59,6 +60,14 @@ def add_commands(commands: Any) -> None:
         h.add_argument("--container-runtime", choices=("docker", "containerd", "podman", "none"),
                        default="docker", help="configure the NVIDIA Container Toolkit for this runtime "
                                               "(default docker; none: no toolkit)")
+        if name == "cloud-init":
+            g = h.add_argument_group("first boot")
+            g.add_argument("--smoke-url", metavar="URL",
+                           help="https URL of the full smoke test, run after install.sh instead of "
+                                "the compact check (publish the smoke.py 'render script' writes)")
+            g.add_argument("--smoke-sha256", metavar="HEX",
+                           help="sha256 the file at --smoke-url must have, checked before it runs "
+                                "(default: this envbuild's smoke.py)")
         add_output_dir(h)
         h.set_defaults(run=render_host(renderer))
 
@@ -110,11 +119,32 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
     return 0
 
 
+def render_script(args: argparse.Namespace, lock: Lock, carried: str | None,
+                  host: HostSetup) -> dict[str, bytes]:
+    from envbuild.render.script import render_script as render
+
+    return render(lock, carried, host)
+
+
+def render_user_data(args: argparse.Namespace, lock: Lock, carried: str | None,
+                     host: HostSetup) -> dict[str, bytes]:
+    """The user-data; over EC2's limit (a closure's requirements) it is still written, with a
+    warning naming its size: other clouds take more."""
+    from envbuild.render.cloudinit import USER_DATA_LIMIT, render_cloud_init, smoke_source
+
+    files = render_cloud_init(lock, carried, smoke_source(args.smoke_url, args.smoke_sha256), host)
+    size = len(files["user-data"])
+    if size > USER_DATA_LIMIT:
+        warn(f"user-data is {size} bytes, over the {USER_DATA_LIMIT} bytes EC2 accepts; "
+             "clouds with a larger limit take it as it is")
+    return files
+
+
 def render_host(renderer: Renderer) -> Command:
     """The command for one host renderer: the lock read (or resolved), rendered, written."""
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         lock, carried = read_or_resolve_lock(args, env)
-        return write_files(args, renderer(lock, carried, host_setup(args, env, lock)), out)
+        return write_files(args, renderer(args, lock, carried, host_setup(args, env, lock)), out)
     return run
 
 
@@ -131,15 +161,39 @@ def host_setup(args: argparse.Namespace, env: Mapping[str, str], lock: Lock) -> 
                   nvswitch=args.nvswitch, runtime=args.container_runtime)
 
 
+def reject_host_options(args: argparse.Namespace) -> None:
+    """--base-image and --user shape an image; a host install cannot honour them (README
+    "Host install"), so they are refused rather than ignored. Then --user takes the lock's
+    default, which no host install reads."""
+    for option, given in (("--base-image", args.base_image is not None), ("--user", args.user is not None)):
+        if given:
+            raise UsageError(f"{option} applies to images; render {args.render_target} installs on a "
+                             "host, which has no base image and keeps its own accounts",
+                             hint="leave it out (the venv in /opt/envbuild is root's and every account "
+                                  "can run it), or use render docker / build")
+    args.user = "envbuild"
+
+
+def warn_image_only(lock: Lock) -> None:
+    """A lock made for an image may name a base image or user of its own: the host ignores both."""
+    if lock.base_image.split("@", 1)[0] != lock.stack.base_image:  # the stack's own, pinned: no news
+        warn(f"the lock's base image {lock.base_image} applies to images only; the host install ignores it")
+    if lock.user != "envbuild":
+        warn(f"the lock's user {lock.user} applies to images only; the host install creates no account")
+
+
 def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Lock, str | None]:
     """The lock, and the lock file text a locked closure ships (its own target's lock set).
-    Unlike render docker, the --lock rule is checked before any option is validated."""
+    Unlike render docker, the --lock rule is checked before any option is validated (after the
+    options a host install refuses outright)."""
     from envbuild.render.lockset import read_lockset
 
+    reject_host_options(args)
     if args.lock:
         reject_image_options(args, kind="install")
         lockset = read_lockset(Path(args.lock))
         name, lock = lockset.select(args.target)
+        warn_image_only(lock)
         return lock, lockset.only(name).to_json() if lock.pylock is not None else None
     if args.target:
         raise UsageError("--target selects a target of --lock FILE")

@@ -1,4 +1,4 @@
-"""Render a lock into a host install script (``install.sh``) or cloud-init user-data.
+"""Render a lock into a host install script (``install.sh``); ``cloudinit`` wraps it in user-data.
 
 Pure and deterministic like ``render_docker``: the same lock renders the same bytes. The
 script carries the lock's facts as ``readonly`` shell variables in one block at its top;
@@ -8,7 +8,6 @@ validated by ``envbuild.lock``) is one shell word and can never change the comma
 
 from __future__ import annotations
 
-import base64
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -95,7 +94,9 @@ def arrays(lock: Lock) -> list[tuple[str, list[str]]]:
     pins = [f"{name}=={lock.packages[name]}" for name in sorted(lock.packages)]
     return [("TORCH_PINS", [_word(p) for p in pins]),
             ("APT_EXTRA", [_word(p) for p in sorted(lock.apt_packages)]),
-            ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)])]
+            ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)]),
+            # --env: exported in /etc/profile.d/envbuild-env.sh and to the smoke test.
+            ("ENV_PAIRS", [_word(f"{key}={value}") for key, value in lock.env])]
 
 
 def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = None) -> dict[str, Any]:
@@ -145,18 +146,3 @@ def render_script(lock: Lock, carried: str | None = None, host: HostSetup | None
 
 def _layer_order(name: str) -> tuple[bool, str]:
     return (not name.endswith("/torch.txt"), name)  # torch first, then the project
-
-
-def render_cloud_init(lock: Lock, carried: str | None = None,
-                      host: HostSetup | None = None) -> dict[str, bytes]:
-    """``user-data``: the script's files written to /opt/envbuild, then the script run once."""
-    files = render_script(lock, carried, host)
-    embedded = [(f"{PREFIX}/{name}", "0755" if name == "install.sh" else "0644",
-                 base64.b64encode(files[name]).decode("ascii"))
-                for name in ("install.sh", "smoke.py", "envbuild.lock",
-                             *sorted(n for n in files if n.startswith("requirements/")))]
-    s = lock.stack
-    text = environment().get_template("user-data.j2").render(
-        torch=s.torch, variant=s.variant, python=s.python, ubuntu=s.ubuntu, files=embedded,
-        prefix=PREFIX)
-    return {"envbuild.lock": files["envbuild.lock"], "user-data": text.encode("utf-8")}

@@ -4,7 +4,7 @@
 #   preflight (nothing changes before it passes) -> NVIDIA's keyring -> kernel headers, driver (held,
 #   kept out of unattended-upgrades), nvidia-persistenced -> nouveau blacklisted when loaded ->
 #   NVSwitch: fabric manager of the driver's exact version -> optional CUDA toolkit -> NVIDIA
-#   Container Toolkit, runtime configured, CDI spec -> Python and a venv with the pinned torch ->
+#   Container Toolkit, runtime configured, CDI spec -> the lock's --env pairs in /etc/profile.d -> Python and a venv with the pinned torch ->
 #   the smoke test (then a GPU container when Docker is here, and dcgmi diag when DCGM is).
 # Idempotent: every step first checks whether it is already done, so a second run changes nothing.
 # Driver branch: the branch given (--driver 550).
@@ -34,6 +34,7 @@ readonly INDEX_URL=https://download.pytorch.org/whl/cu126
 readonly -a TORCH_PINS=(torch==2.14.1+cu126 torchvision==0.29.2+cu126)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
+readonly -a ENV_PAIRS=()
 # --- end of the stack ---
 
 readonly PREFIX=/opt/envbuild
@@ -63,6 +64,9 @@ readonly NOUVEAU_CONF=/etc/modprobe.d/envbuild-blacklist-nouveau.conf
 # (apt.conf(5): https://manpages.ubuntu.com/manpages/lucid/en/man5/apt.conf.5.html); list entries in a
 # later file are added to the list unattended-upgrades' own 50unattended-upgrades starts.
 readonly UU_CONF=/etc/apt/apt.conf.d/51envbuild-nvidia-driver
+# The lock's --env pairs, exported for login shells (sh and bash read /etc/profile.d/*.sh) and for the
+# smoke test; removed again when a later lock sets none.
+readonly ENV_FILE=/etc/profile.d/envbuild-env.sh
 # Download attempts of this script's own loop, around curl's --retry (see download()).
 readonly DOWNLOAD_TRIES=3
 # Where the kernel shows UEFI variables; read for Secure Boot when mokutil is not installed.
@@ -299,6 +303,15 @@ unattended_upgrades_present() {
   installed unattended-upgrades || [[ -e /etc/apt/apt.conf.d/50unattended-upgrades ]]
 }
 
+env_file_text() { # the --env pairs as POSIX sh: each value in single quotes, a quote in it as '\''
+  local pair value
+  printf '%s\n' "# Written by envbuild's install.sh from the lock's --env pairs."
+  for pair in "${ENV_PAIRS[@]}"; do
+    value=$(printf '%s' "${pair#*=}" | sed "s/'/'\\\\''/g")
+    printf "export %s='%s'\n" "${pair%%=*}" "$value"
+  done
+}
+
 uu_blacklist_text() { # the apt configuration keeping unattended-upgrades off the held NVIDIA packages
   local held=() name
   mapfile -t held < <(apt-mark showhold 2>/dev/null | grep nvidia | sort -u || true)
@@ -500,6 +513,14 @@ plan() {
       WRITE_UU=1
       PLAN+=("keep unattended-upgrades away from the held NVIDIA packages ($UU_CONF)")
     fi
+  fi
+  WRITE_ENV=0
+  if ((${#ENV_PAIRS[@]} > 0)) && differs "$ENV_FILE" "$(env_file_text)"$'\n'; then
+    WRITE_ENV=1
+    PLAN+=("export the lock's --env pairs in $ENV_FILE")
+  elif ((${#ENV_PAIRS[@]} == 0)) && [[ -e $ENV_FILE ]]; then
+    WRITE_ENV=1
+    PLAN+=("remove $ENV_FILE (the lock sets no --env)")
   fi
   if ((NOUVEAU_LOADED)) && differs "$NOUVEAU_CONF" "$(nouveau_conf_text)"$'\n'; then
     WRITE_NOUVEAU=1
@@ -834,6 +855,13 @@ apply() {
   ((!CTK)) || step "the NVIDIA Container Toolkit" install_ctk
   ((!CONFIGURE_RUNTIME)) || step "the $RUNTIME runtime" configure_runtime
   ((!CDI)) || step "the CDI spec" nvidia-ctk cdi generate --output="$CDI_SPEC"
+  if ((WRITE_ENV)); then
+    if ((${#ENV_PAIRS[@]} > 0)); then
+      write_atomic "$ENV_FILE" "$(env_file_text)"$'\n'
+    else
+      rm -f "$ENV_FILE"
+    fi
+  fi
   venv_ready || step "the Python venv" create_venv
   pins_satisfied || step "the pinned packages" install_pins
   local name
@@ -847,7 +875,7 @@ apply() {
 smoke() { # every check runs; the first failure's exit code is the script's
   local rc=0 code=0 failed=()
   log "smoke test: $VENV/bin/python $PREFIX/smoke.py --lock $PREFIX/envbuild.lock"
-  "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
+  env "${ENV_PAIRS[@]}" "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
   ((rc == 0)) || failed+=("smoke.py (exit $rc)")
   if [[ $RUNTIME == docker && -n $MIN_DRIVER ]] && command -v docker >/dev/null 2>&1; then
     log "GPU container: docker run --rm --runtime=nvidia --gpus all $SMOKE_IMAGE nvidia-smi -L"
