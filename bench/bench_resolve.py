@@ -15,7 +15,10 @@ checkout, with PYTHONPATH unset, so that the installed envbuild is what runs:
 - `python -m envbuild`, whose floor is `runpy`'s imports.
 
 The first run of each form warms the on-disk index cache (in a temporary cache
-directory), as a user's second run would find it.
+directory), as a user's second run would find it. envbuild's bytecode is compiled first, as
+pip compiles it at install: with PYTHONDONTWRITEBYTECODE set, a checkout whose sources are
+newer than their .pyc files recompiles every module on every start (2.6x instead of 2.0x,
+measured 2026-11-24 after a branch switch).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ def main() -> int:
         where = subprocess.run([sys.executable, "-c", "import envbuild; print(envbuild.__file__)"],
                                check=True, capture_output=True, text=True, cwd=outside, env=env)
         print(f"envbuild measured: {where.stdout.strip()}")
+        package = os.path.dirname(where.stdout.strip())
+        subprocess.run([sys.executable, "-m", "compileall", "-q", package], check=True,
+                       capture_output=True, env=env)
         for _, cmd in measured[FLOORS:]:
             wall(cmd, outside, env)  # warm the index cache and the page cache
         times: list[list[float]] = [[] for _ in measured]
