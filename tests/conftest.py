@@ -191,8 +191,24 @@ def _engine() -> tuple[Any, int] | None:
     return _ENGINE[0]  # type: ignore[no-any-return]
 
 
+_BEFORE_MODULE: dict[str, set[str]] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The engine's images before a module's first test sets up anything: a session-scoped
+    fixture that the module alone uses (test_docker_e2e's cpu_image) is set up before the
+    module's own fixtures, so a snapshot taken there would count its image as already there."""
+    module = getattr(item, "module", None)
+    name = getattr(module, "__name__", "")
+    if name and name not in _BEFORE_MODULE:
+        engine = _engine()
+        _BEFORE_MODULE[name] = set() if engine is None else \
+            {image["Id"] for image in engine[0].images(all=True)}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _images_made_here_are_removed() -> Iterator[None]:
+def _images_made_here_are_removed(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every image a test module built (tagged, or a build stage left dangling) is removed when
     the module ends. A torch image is over 1 GB and its build stage as much again; kept for the
     whole suite they filled a CI machine's disk (no space left on device) before the last
@@ -202,8 +218,10 @@ def _images_made_here_are_removed() -> Iterator[None]:
         yield
         return
     client, fd = engine
-    before = {image["Id"] for image in client.images(all=True)}
     yield
+    before = _BEFORE_MODULE.get(request.module.__name__)
+    if before is None:  # no test of the module ran
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # alone: no other session is building
     except BlockingIOError:
