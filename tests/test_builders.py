@@ -9,8 +9,10 @@ import io
 import json
 import os
 import re
+import signal
 import stat
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +255,41 @@ def test_buildx_missing_plugin_is_exit_5(tmp_path: Path) -> None:
         BuildxBuilder(program=str(program), env=dict(os.environ)).build(
             context_of("FROM x\n"), tag="t:1", network=None, labels={}, progress=lambda e: None)
     assert info.value.exit_code == 5 and "buildx" in info.value.message
+
+
+def test_buildx_ctrl_c_stops_its_process_group_and_removes_the_secret(tmp_path: Path) -> None:
+    """docs/faults.md J5: Ctrl-C while buildx runs: the program (its own session) gets SIGTERM
+    and is waited for, the secret's temporary directory goes, and the interrupt propagates
+    (the command then exits 130, as for every builder)."""
+    marker = tmp_path / "terminated"
+    seen = tmp_path / "secret-path"
+    program = tmp_path / "docker"
+    program.write_text(f"""#!/usr/bin/env python3
+import os, signal, sys, time
+args = sys.argv[1:]
+sys.stdin.buffer.read()
+open({str(seen)!r}, "w").write(args[args.index("--secret") + 1].split("src=", 1)[1])
+def stop(signum, frame):
+    open({str(marker)!r}, "w").write(str(os.getpgrp() == os.getpid()))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("#4 [1/2] FROM docker.io/library/debian:bookworm", flush=True)
+time.sleep(60)
+""")
+    program.chmod(program.stat().st_mode | stat.S_IXUSR)
+
+    def interrupt(event: buildmod.BuildEvent) -> None:
+        if event.kind == "step":  # the program is running: Ctrl-C reaches envbuild alone
+            os.kill(os.getpid(), signal.SIGINT)
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        BuildxBuilder(program=str(program), env=dict(os.environ)).build(
+            context_of("FROM x\n"), tag="t:1", network=None, labels={}, progress=interrupt,
+            secrets={"ca": PEM})
+    assert time.monotonic() - started < 30  # stopped, not waited out
+    assert marker.read_text() == "True"  # SIGTERM reached the program, leader of its own group
+    assert not Path(seen.read_text()).exists()  # the CA bundle's temporary copy is gone
 
 
 def test_buildah_failing_step_is_exit_6_from_its_output(tmp_path: Path) -> None:
