@@ -25,6 +25,7 @@ from envbuild.commands.options import (
     warn,
 )
 from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
+from envbuild.project.model import INSTALLER_CHOICES
 
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
@@ -58,7 +59,7 @@ def add_commands(commands: Any) -> None:
                    help="re-resolve NAME only (repeatable); the other pins are kept")
     p.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="also take wheels from DIR (a wheelhouse; recorded in the pylock by path)")
-    p.add_argument("--installer", choices=("uv", "pip"), default=None,
+    p.add_argument("--installer", choices=INSTALLER_CHOICES, default=None,
                    help="what the build installs the closure with (default: the project's "
                         "'installer', else uv: its wheel is pinned in the lock like the rest, "
                         "used by the build step and not kept in the image; pip: the image's own)")
@@ -243,7 +244,7 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
-    from envbuild.pylock.uv import ClosureSpec, compile_closure, platform_glibc
+    from envbuild.pylock.uv import ClosureSpec, compile_closure, platform_glibc, platform_tag
     from envbuild.render.lock import Installer, PylockRef, check_lock, distro_glibc, pins
     from envbuild.render.lockset import pylock_name, sha256_text
     from envbuild.upstream.pipconfig import index_url as configured_index
@@ -267,14 +268,14 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         upgrade=args.upgrade,
         upgrade_packages=tuple(args.upgrade_package),
         offline=args.offline,
+        installer=_installer_version(args, project, old),
         env=env,
     )
-    spec = replace(spec, installer=_installer_version(args, project, old, spec))
     closure = compile_closure(spec)
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
-                    platform=f"x86_64-manylinux_{glibc.replace('.', '_')}", text=closure.pylock_text,
+                    platform=platform_tag(glibc), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
@@ -288,8 +289,7 @@ def installer_choice(args: argparse.Namespace, project: Project | None) -> str:
     return str(args.installer or (project.installer if project is not None else None) or "uv")
 
 
-def _installer_version(args: argparse.Namespace, project: Project | None, old: Lock | None,
-                       spec: Any) -> str | None:
+def _installer_version(args: argparse.Namespace, project: Project | None, old: Lock | None) -> str | None:
     """The uv version the build installs with: the previous lock's (kept like every other pin,
     unless --upgrade), else the version of the uv that resolves the closure; None for pip."""
     from envbuild.pylock.uv import find_uv, uv_version
@@ -299,7 +299,7 @@ def _installer_version(args: argparse.Namespace, project: Project | None, old: L
     if old is not None and old.pylock is not None and old.pylock.installer is not None and not args.upgrade \
             and "uv" not in args.upgrade_package:
         return old.pylock.installer.version
-    return uv_version(find_uv(spec.uv))
+    return uv_version(find_uv(None))
 
 
 def _write(path: Path, lockset: LockSet, out: Out) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from envbuild.errors import UsageError
 from envbuild.project import requirements as reqs
-from envbuild.project.model import Project, Target
+from envbuild.project.model import INSTALLER_CHOICES, Project, Target
 from envbuild.project.toml import KeyPath, dotted, line_of, parse
 
 PROJECT_FILE = "envbuild.toml"
@@ -33,7 +33,6 @@ STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor",
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("apt-packages", "env", "user", "base-image", "index-url", "torch-index-url",
               "find-links", "registry-mirrors", "installer")
-INSTALLER_CHOICES = ("uv", "pip")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")

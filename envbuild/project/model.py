@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# What a build may install the closure with (project key "installer", lock --installer).
+INSTALLER_CHOICES = ("uv", "pip")
+
 
 @dataclass(frozen=True)
 class Target:

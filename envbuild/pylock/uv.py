@@ -202,7 +202,7 @@ def platform_glibc(glibc: str) -> str:
 def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool) -> list[str]:
     command = [uv, "pip", "compile", "pyproject.toml", "--no-config", "--quiet", "--color", "never",
                "--no-header", "--no-annotate", "--only-binary", ":all:",
-               "--python-platform", f"x86_64-manylinux_2_{glibc_minor(spec.glibc)}",
+               "--python-platform", platform_tag(spec.glibc),
                "--python-version", f"3.{python_minor(spec.python)}",
                # The interpreter running envbuild, whatever its version: uv builds nothing
                # (wheels only), so it neither looks for nor downloads another one.
@@ -270,7 +270,7 @@ def _installer(uv: str, spec: ClosureSpec, default_index: str, work: Path, uv_en
         raise
     except (DataError, NoCompatibleStack):
         raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on {redact(default_index)} "
-                        f"for {platform_glibc_tag(spec.glibc)}",
+                        f"for {platform_tag(spec.glibc)}",
                         hint="make uv available on that index, or lock with --installer pip") from None
     pylock = read_pylock((tool / OUTPUT).read_text(encoding="utf-8"))
     if not spec.offline:
@@ -284,7 +284,8 @@ def _installer(uv: str, spec: ClosureSpec, default_index: str, work: Path, uv_en
     return InstallerWheel(name="uv", version=spec.installer, url=match.group(1), sha256=match.group(2))
 
 
-def platform_glibc_tag(glibc: str) -> str:
+def platform_tag(glibc: str) -> str:
+    """uv's --python-platform (and the lock's ``platform``) for glibc "2.NN": x86_64-manylinux_2_NN."""
     return f"x86_64-manylinux_2_{glibc_minor(glibc)}"
 
 
