@@ -162,8 +162,3 @@ def render_cloud_init(lock: Lock, carried: str | None = None, smoke: SmokeSource
         plain=blocks, script_sha256=hashlib.sha256(script).hexdigest(),
         embedded_sha256=hashlib.sha256(embedded.encode("utf-8")).hexdigest(), **values).encode("utf-8")
     return {"envbuild.lock": files["envbuild.lock"], "user-data": _gzip(text), "user-data.yaml": text}
-
-
-def user_data_text(data: bytes) -> bytes:
-    """The cloud-config of a user-data file, gzip'd (``user-data``) or not (``user-data.yaml``)."""
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
