@@ -24,7 +24,6 @@ from envbuild.data.gpus import GpuTarget, fold_name
 from envbuild.data.relations import Row
 from envbuild.errors import DataError, PreflightFailed
 
-RUNTIMES = ("docker", "containerd", "podman", "none")
 OPEN_DEFAULT_FROM = 560  # the first branch whose default flavour is the open modules
 
 
