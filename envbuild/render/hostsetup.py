@@ -77,12 +77,14 @@ def choose(min_driver: str | None, branches: Sequence[Row], gpus: Sequence[GpuTa
         branch, why = driver_branch, f"the branch given (--driver {driver_branch})"
         if branch < floor:
             raise PreflightFailed(f"driver branch {branch} is older than {floor}, the oldest that "
-                                  f"runs CUDA of this stack (needs >= {min_driver})")
+                                  f"runs CUDA of this stack (needs >= {min_driver})",
+                                  hint=f"pass --driver {floor} or newer, or resolve for branch {branch}")
         for gpu in gpus:
             if not _supports(gpu, branch):
                 first, last = gpu.min_driver_branch or "any", gpu.last_driver_branch or "current"
                 raise PreflightFailed(f"driver branch {branch} does not support {gpu.label} "
-                                      f"(branches {first} to {last})")
+                                      f"(branches {first} to {last})",
+                                      hint=f"pass a --driver branch from {first} to {last}")
     else:
         usable = sorted((r["branch"] for r in branches if r["designation"] in ("production", "lts")
                          and r["branch"] >= floor and all(_supports(g, r["branch"]) for g in gpus)),
@@ -115,7 +117,9 @@ def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Se
     toolkit = None
     if runtime != "none":
         if len(toolkit_rows) != 1:
-            raise DataError("container_toolkit.yaml must hold exactly one row (the pinned release)")
+            raise DataError("container_toolkit.yaml must hold exactly one row (the pinned release)",
+                            hint="restore matrices/container_toolkit.yaml, or render with "
+                                 "--container-runtime none")
         r = toolkit_rows[0]
         toolkit = Toolkit(version=r["version"], repository=r["repository"], key_url=r["key_url"],
                           key_fingerprint=r["key_fingerprint"])
