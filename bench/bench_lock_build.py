@@ -139,6 +139,8 @@ def main() -> int:
     parser.add_argument("--torch", default="==2.13.0")
     parser.add_argument("--variant", default="default")
     parser.add_argument("--installers", default="uv,pip", help="comma-separated, built in this order")
+    parser.add_argument("--builder", default="auto", choices=("auto", "classic", "buildah", "buildx"),
+                        help="envbuild build --builder (auto: buildx, else the classic builder)")
     args = parser.parse_args()
     installers = args.installers.split(",")
     tags = [f"envbuild-bench/locked:{t}" for t in (*installers, "primed", "added")]
@@ -160,26 +162,30 @@ def main() -> int:
             parallel_s, _, _ = download_alone(work / "ctx", workers=8)
             for installer in installers:
                 envbuild("lock", "--installer", installer, cwd=work)
-                cold[installer] = build(work, f"envbuild-bench/locked:{installer}", "--no-cache")
+                cold[installer] = build(work, f"envbuild-bench/locked:{installer}", "--no-cache",
+                                        "--builder", args.builder)
             envbuild("lock", "--installer", installers[0], cwd=work)
             # The classic builder keeps one cache chain per build; after a --no-cache build it may
             # probe an older chain and miss. One plain build of the same lock makes this one the
             # chain the rebuild finds (untimed: it is what a team's previous build would be).
-            build(work, "envbuild-bench/locked:primed")
+            build(work, "envbuild-bench/locked:primed", "--builder", args.builder)
             project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
             relock_s, _ = envbuild("lock", "--installer", installers[0], cwd=work)
-            rebuild_s, again = build(work, "envbuild-bench/locked:added")
+            rebuild_s, again = build(work, "envbuild-bench/locked:added", "--builder", args.builder)
         finally:
             registry.terminate()
             registry.wait(10)
             # Each image is several GB: leave none of them behind.
             subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
+            if args.builder == "buildah":
+                subprocess.run(["buildah", "rmi", *tags], capture_output=True, check=False)
     ran = " ".join(again["ran"])
     reused = "torch.txt" not in ran and "project.txt" in ran
     fastest = min(serial_s, parallel_s)
     print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
           f"{locked['stack']['python']}: {len(locked['packages'])} distributions, "
           f"{len(locked['pylock']['torch_layer'])} in the torch layer")
+    print(f"builder         {cold[installers[0]][1].get('backend', args.builder)}")
     print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
     print(f"download alone  {serial_s:7.1f} s one after another, {parallel_s:.1f} s 8 at a time "
           f"({files} wheels, {size / 1e9:.2f} GB)")

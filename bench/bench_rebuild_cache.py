@@ -1,77 +1,215 @@
-"""A warm rebuild after a change that touches one small wheel: buildah with pip's cache mount
-against Docker's classic builder, side by side.
+"""A warm rebuild after a lock change that touches one small wheel: buildah (BuildKit syntax,
+uv's download cache in a cache mount, buildah's layer cache) against Docker's classic builder,
+side by side.
 
-The CPU stack (torch 2.13.0 from the $PIP_FIND_LINKS wheelhouse, on the local Debian base) with a
-few small extra packages from pip's configured index is built once with each builder (warming
-Docker's layer cache and buildah's pip cache mount). Then one small pin changes (six 1.16.0 →
-1.17.0) and each builder builds again:
+The sample project locks torch 2.13.0+cpu (the ``$PIP_FIND_LINKS`` wheelhouse) with a few small
+dependencies, one of them ``filelock``, which torch itself requires and which therefore sits in the
+torch layer. Every wheel is served from a mirror on 127.0.0.1 that counts what it sends and answers
+wheel files with ``Cache-Control: max-age=31536000, immutable``, the way an index's file host serves
+files that never change (the proxy of the machine this was written on strips those headers, and
+without them no cache keeps anything: docs/reports/bench-rebuild-cache-2026-11-24.md).
 
-  seconds     the rebuild's wall time (``envbuild build``)
-  downloaded  wheels pip fetched during the rebuild ("Downloading …" lines)
-  from cache  wheels pip took from its cache ("Using cached …": only with the cache mount)
-  ran         the steps that ran rather than coming from a layer cache (buildah runs without
-              --layers: every step, see DEVELOPERS.md)
+Each builder builds the first lock, then the lock with filelock moved to its previous release
+(``envbuild lock`` again), and builds that:
 
-The stack-only path: ``envbuild lock`` needs the variant's index, which is not reachable where
-this was written. Needs dockerd, buildah, the base image (scripts/base-image.sh) and pip's
-configured index. Usage: python bench/bench_rebuild_cache.py
+  seconds     the rebuild's wall time (``envbuild build``, buildah's copy into dockerd included)
+  wheels      wheel files the mirror sent during the rebuild, and their size
+  ran         the Dockerfile steps that ran rather than coming from a layer cache
+
+The mirror is filled once through the configured package index (``pip download``'s settings).
+Needs dockerd, buildah, docker-registry, the base image (scripts/base-image.sh) and that index.
+Usage: python bench/bench_rebuild_cache.py
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
 import json
 import os
+import re
+import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
-import time
+import threading
+import urllib.parse
+import urllib.request
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from envbuild.project.toml import tomllib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lock_build import envbuild, push_base, start_registry
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ["idna", "attrs", "packaging", "tqdm"]
-BEFORE, AFTER = "six==1.16.0", "six==1.17.0"
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+SMALL = ["six", "idna", "attrs", "packaging", "tqdm"]
+BUILDERS = ("classic", "buildah")
 
 
-def build(directory: Path, builder: str, six: str) -> dict[str, Any]:
-    wheelhouse = os.environ["PIP_FIND_LINKS"]
-    args = ["build", "--torch", "==2.13.0", "--variant", "cpu", "--python", "3.11",
-            "--no-companions", "--base-image", "envbuild-test/bookworm:base", "--wheelhouse",
-            wheelhouse, "--network", "host", "--builder", builder,
-            "--tag", f"envbuild-bench/rebuild:{builder}", "--report", str(directory / "report.json"),
-            "--verbose", *[a for p in [*EXTRAS, six] for a in ("--pip-package", p)]]
-    if os.environ.get("PIP_CERT"):
-        args += ["--ca-bundle", os.environ["PIP_CERT"]]
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=3600)
-    took = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"bench_rebuild_cache: {builder} build failed ({done.returncode}):\n{done.stderr[-3000:]}")
+class Mirror(http.server.SimpleHTTPRequestHandler):
+    """Static files; wheels marked immutable; every wheel sent counted (name → bytes)."""
+
+    sent: ClassVar[Counter[str]] = Counter()  # wheel name → bytes sent
+    times: ClassVar[Counter[str]] = Counter()  # wheel name → times sent
+    lock = threading.Lock()
+
+    def end_headers(self) -> None:
+        if self.path.endswith(".whl"):
+            self.send_header("Cache-Control", "max-age=31536000, immutable, public")
+        else:
+            self.send_header("Cache-Control", "max-age=600, public")
+        super().end_headers()
+
+    def do_GET(self) -> None:
+        super().do_GET()
+        if self.path.endswith(".whl"):
+            size = Path(self.translate_path(self.path)).stat().st_size
+            with Mirror.lock:
+                Mirror.sent[self.path.rsplit("/", 1)[-1]] += size
+                Mirror.times[self.path.rsplit("/", 1)[-1]] += 1
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Mirror, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def index_pages(root: Path) -> None:
+    """PEP 503 pages under root/simple (and root/torch/simple for torch alone) for root/files."""
+    names: dict[str, list[Path]] = {}
+    for wheel in sorted((root / "files").glob("*.whl")):
+        names.setdefault(canonical(wheel.name.split("-", 1)[0]), []).append(wheel)
+    for name, wheels in names.items():
+        page = root / ("torch/simple" if name == "torch" else "simple") / name / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        links = "".join(
+            f'<a href="/files/{w.name.replace("+", "%2B")}#sha256='
+            f'{hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n' for w in wheels)
+        page.write_text(f"<html><body>\n{links}</body></html>\n")
+
+
+def write_project(directory: Path, base: str, torch_index: str, deps: list[str],
+                  index: str | None) -> None:
+    quoted = ", ".join(json.dumps(d) for d in deps)
+    extra = f"index-url = {json.dumps(index)}\n" if index else ""
+    (directory / "pyproject.toml").write_text(
+        f'[project]\nname = "bench"\nversion = "0"\nrequires-python = ">=3.11"\n'
+        f"dependencies = [{quoted}]\n\n[tool.envbuild]\ntorch = \"==2.13.0\"\nvariant = \"cpu\"\n"
+        f'python = "3.11"\ncompanions = false\nbase-image = {json.dumps(base)}\n'
+        f"torch-index-url = {json.dumps(torch_index)}\n{extra}")
+
+
+def fill_mirror(root: Path, base: str, torch_index: str) -> tuple[str, str]:
+    """Lock once against the configured index, then copy every locked wheel (and the uv wheel the
+    lock pins, and filelock's previous release) into root/files; (filelock now, before)."""
+    scratch = root / "discover"
+    scratch.mkdir()
+    write_project(scratch, base, torch_index, ["filelock", *SMALL], None)
+    envbuild("lock", cwd=scratch)
+    locked = json.loads((scratch / "envbuild.lock").read_text())["targets"]["default"]
+    pylock = tomllib.loads((scratch / locked["pylock"]["file"]).read_text())
+    urls = [w["url"] for p in pylock["packages"] for w in p.get("wheels", [])
+            if not w["url"].startswith("http://127.0.0.1")]
+    urls.append(locked["pylock"]["installer"]["url"])
+    cert = os.environ.get("PIP_CERT")
+    tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    for url in urls:
+        with opener.open(url, timeout=600) as answer:
+            (root / "files" / urllib.parse.unquote(url.rsplit("/", 1)[-1])).write_bytes(answer.read())
+    current = locked["packages"]["filelock"]
+    listing = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "filelock"],
+                             capture_output=True, text=True, check=True).stdout
+    versions = re.search(r"Available versions: (.*)", listing)
+    assert versions, listing
+    older = [v.strip() for v in versions[1].split(",") if v.strip() != current]
+    previous = older[0]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
+                    ":all:", "-d", str(root / "files"), f"filelock=={previous}"], check=True)
+    return current, previous
+
+
+def build(directory: Path, builder: str) -> dict[str, Any]:
+    args = ["build", "--lock", "envbuild.lock", "--network", "host", "--builder", builder,
+            "--tag", f"envbuild-bench/rebuild:{builder}", "--report", "report.json"]
+    sent, times = Counter(Mirror.sent), Counter(Mirror.times)
+    seconds, _ = envbuild(*args, cwd=directory)
     report = json.loads((directory / "report.json").read_text())
-    lines = done.stderr.splitlines()
-    return {"seconds": took, "ran": report["ran"],
-            "downloaded": sum(1 for line in lines if line.strip().startswith("Downloading ")),
-            "cached": sum(1 for line in lines if line.strip().startswith("Using cached "))}
+    return {"seconds": seconds, "files": (Mirror.times - times).total(),
+            "bytes": (Mirror.sent - sent).total(), "names": sorted(Mirror.times - times),
+            "ran": report["ran"]}
 
 
 def main() -> int:
-    if not os.environ.get("PIP_FIND_LINKS"):
-        sys.exit("bench_rebuild_cache: set PIP_FIND_LINKS to a wheelhouse with the CPU torch wheel")
+    wheelhouse = Path(os.environ.get("PIP_FIND_LINKS", "/nonexistent"))
+    if not (wheelhouse / TORCH_WHEEL).is_file():
+        sys.exit(f"bench_rebuild_cache: no {TORCH_WHEEL} in $PIP_FIND_LINKS")
+    for program in ("buildah", "docker"):
+        if shutil.which(program) is None:
+            sys.exit(f"bench_rebuild_cache: no {program} on PATH")
+    first: dict[str, dict[str, Any]] = {}
+    again: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-rebuild-") as scratch:
-        work = Path(scratch)
-        warm = {b: build(work, b, BEFORE) for b in ("classic", "buildah")}
-        again = {b: build(work, b, AFTER) for b in ("classic", "buildah")}
-    subprocess.run(["buildah", "--storage-driver", "vfs", "rmi", "envbuild-bench/rebuild:buildah"],
-                   capture_output=True, check=False)
-    print(f"change          --pip-package {BEFORE} -> {AFTER} (with {', '.join(EXTRAS)})")
-    print(f"{'':16}{'classic':>12}{'buildah+cache':>16}")
-    print(f"{'first build':16}{warm['classic']['seconds']:>10.1f} s{warm['buildah']['seconds']:>14.1f} s")
-    print(f"{'rebuild':16}{again['classic']['seconds']:>10.1f} s{again['buildah']['seconds']:>14.1f} s")
-    print(f"{'downloaded':16}{again['classic']['downloaded']:>12}{again['buildah']['downloaded']:>16}")
-    print(f"{'from cache':16}{again['classic']['cached']:>12}{again['buildah']['cached']:>16}")
-    for name in ("classic", "buildah"):
-        print(f"ran ({name}):".ljust(16) + "; ".join(s[:60] for s in again[name]["ran"]))
+        root = Path(scratch)
+        (root / "files").mkdir()
+        shutil.copy(wheelhouse / TORCH_WHEEL, root / "files" / TORCH_WHEEL)
+        index_pages(root)
+        server, address = serve(root)
+        registry, registry_address = start_registry(root)
+        try:
+            base = push_base(registry_address)
+            torch_index = f"{address}/torch/simple"
+            now, previous = fill_mirror(root, base, torch_index)
+            index_pages(root)
+            work = root / "project"
+            work.mkdir()
+            write_project(work, base, torch_index, [f"filelock=={now}", *SMALL], f"{address}/simple")
+            envbuild("lock", cwd=work)
+            locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
+            text = (work / locked["pylock"]["file"]).read_text()
+            assert "://127.0.0.1" in text and "https://" not in text, "the lock must point at the mirror"
+            for builder in BUILDERS:
+                first[builder] = build(work, builder)
+            write_project(work, base, torch_index, [f"filelock=={previous}", *SMALL], f"{address}/simple")
+            envbuild("lock", cwd=work)
+            for builder in BUILDERS:
+                again[builder] = build(work, builder)
+        finally:
+            server.shutdown()
+            registry.terminate()
+            registry.wait(10)
+            subprocess.run(["docker", "rmi", "-f", *(f"envbuild-bench/rebuild:{b}" for b in BUILDERS)],
+                           capture_output=True, check=False)
+            subprocess.run(["buildah", "rmi", "envbuild-bench/rebuild:buildah"], capture_output=True,
+                           check=False)
+    driver = subprocess.run(["buildah", "info", "--format", "{{.store.GraphDriverName}}"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    print(f"change          filelock {now} -> {previous} (torch's own dependency: the torch layer "
+          f"changes), with {', '.join(SMALL)}")
+    print(f"buildah         storage driver {driver}, uv's cache in a cache mount")
+    print(f"{'':16}{'classic':>18}{'buildah':>18}")
+    for label, runs in (("first build", first), ("rebuild", again)):
+        print(f"{label:16}" + "".join(f"{runs[b]['seconds']:>16.1f} s" for b in BUILDERS))
+        print(f"{'  wheels sent':16}" + "".join(
+            f"{runs[b]['files']:>6} ({runs[b]['bytes'] / 1e6:6.1f} MB)" for b in BUILDERS))
+    for builder in BUILDERS:
+        print(f"rebuild fetched ({builder}): {', '.join(again[builder]['names']) or 'nothing'}")
+        print(f"rebuild ran ({builder}): " + "; ".join(s[:50] for s in again[builder]["ran"]))
     return 0
 
 

@@ -186,13 +186,16 @@ def stub(directory: Path, name: str, replay: str, code: int) -> Path:
     (directory / "replay.txt").write_text(replay)
     script = directory / name
     script.write_text(f"""#!/usr/bin/env python3
-import json, sys
+import json, os, sys
 args = sys.argv[1:]
 data = sys.stdin.buffer.read() if "-" in args else b""
 with open({str(directory / 'argv.jsonl')!r}, "a") as f:
     f.write(json.dumps({{"argv": args, "stdin": len(data), "tar": data[257:262].decode("latin-1")}}) + "\\n")
 if "build" in args:
     sys.stdout.write(open({str(directory / 'replay.txt')!r}).read())
+elif "info" in args:  # buildah info --format {{{{.store.GraphDriverName}}}}
+    print(os.environ.get("STORAGE_DRIVER") or "overlay")
+    sys.exit(0)
 else:
     sys.exit(1)  # containers, inspect: nothing there
 if {code} == 0 and "--iidfile" in args:
@@ -307,16 +310,26 @@ def test_buildah_failing_step_is_exit_6_from_its_output(tmp_path: Path) -> None:
     assert "about to fail" in info.value.details
 
 
-def test_buildah_build_argv(tmp_path: Path) -> None:
+@pytest.mark.parametrize("env, head, layers, isolation", [
+    # buildah's configured driver (the stand-in says overlay): its layer cache is on
+    ({}, ["build"], True, "chroot"),
+    # STORAGE_DRIVER is passed on; vfs would keep a whole root file system per cached step
+    ({"STORAGE_DRIVER": "vfs"}, ["--storage-driver", "vfs", "build"], False, "chroot"),
+    ({"STORAGE_DRIVER": "overlay", "BUILDAH_ISOLATION": "oci"},
+     ["--storage-driver", "overlay", "build"], True, "oci"),
+])
+def test_buildah_build_argv(tmp_path: Path, env: dict[str, str], head: list[str], layers: bool,
+                            isolation: str) -> None:
     program = stub(tmp_path, "buildah", "STEP 1/1: FROM base\n", 0)
-    builder = BuildahBuilder(program=str(program), env=dict(os.environ))
+    environ = {k: v for k, v in os.environ.items() if k not in ("STORAGE_DRIVER", "BUILDAH_ISOLATION")}
+    builder = BuildahBuilder(program=str(program), env={**environ, **env})
     result = builder.build(context_of("FROM base\n"), tag="t:1", network="host",
                            labels={"k": "v"}, progress=lambda e: None, secrets={"ca": PEM},
                            timestamp=0)
-    argv = next(c["argv"] for c in calls(tmp_path) if c["argv"][2:3] == ["build"])
-    assert argv[:3] == ["--storage-driver", "vfs", "build"]
-    assert "--layers" not in argv  # vfs would keep a whole root file system per step
-    for option in (["--isolation", "chroot"], ["--timestamp", "0"],
+    argv = next(c["argv"] for c in calls(tmp_path) if "build" in c["argv"])
+    assert argv[:len(head)] == head
+    assert ("--layers" in argv) is layers and ("--force-rm" in argv) is layers
+    for option in (["--isolation", isolation], ["--timestamp", "0"],
                    ["--network", "host"], ["--label", "k=v"], ["--tag", "t:1"]):
         assert any(argv[i:i + len(option)] == option for i in range(len(argv))), option
     assert result.image_id == DIGEST

@@ -77,13 +77,13 @@ def by_builder(client: Any, base_image: str, loopback_registry: str, buildah: Bu
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     """Each builder's build report, its image pushed to the loopback registry. The classic one
     has the e2e test's tag and recipe, so its layer cache makes it quick when both run. The
-    buildah image leaves buildah's storage afterwards (vfs: a whole copy of its file system)."""
+    buildah image leaves buildah's storage afterwards."""
     tmp = tmp_path_factory.mktemp("builders")
     try:
         yield {"classic": pushed(client, base_image, loopback_registry, "classic", CPU_TAG, tmp),
                "buildah": pushed(client, base_image, loopback_registry, "buildah", BUILDAH_TAG, tmp)}
     finally:
-        subprocess.run(["buildah", "--storage-driver", "vfs", "rmi", BUILDAH_TAG], capture_output=True,
+        subprocess.run([*buildah.base(), "rmi", BUILDAH_TAG], capture_output=True,
                        check=False)
 
 
@@ -177,7 +177,8 @@ def test_promote_without_a_passing_smoke_test_tags_nothing(
 
 
 def buildah_containers() -> set[str]:
-    done = subprocess.run(["buildah", "--storage-driver", "vfs", "containers", "-aq", "--notruncate"],
+    # The storage envbuild's builder uses (its driver, as it passes it), not buildah's default.
+    done = subprocess.run([*BuildahBuilder().base(), "containers", "-aq", "--notruncate"],
                           capture_output=True, text=True, check=True)
     return set(done.stdout.split())
 
@@ -231,5 +232,30 @@ def test_buildah_sigint_exits_130_and_leaves_nothing(buildah: BuildahBuilder, cl
     assert our_tempdirs() == temps
     assert all_containers(client) == docker_before
     assert not client.images(name="envbuild-test/interrupted-buildah")
-    assert subprocess.run(["buildah", "--storage-driver", "vfs", "inspect", "--type", "image",
+    assert subprocess.run([*buildah.base(), "inspect", "--type", "image",
                            "envbuild-test/interrupted-buildah:1"], capture_output=True).returncode != 0
+
+
+def test_buildah_builds_on_a_base_pinned_by_digest_in_a_loopback_registry(
+        buildah: BuildahBuilder, client: Any, base_image: str, loopback_registry: str) -> None:
+    """A lock's base is ``name@sha256:…`` in a registry. buildah pulls it from there (plain HTTP
+    for a loopback registry, digest checked), not from the Docker engine, which takes no digest."""
+    repository = f"{loopback_registry}/envbuild/digest-base"
+    client.tag(base_image, repository, "base")
+    for line in client.push(repository, "base", stream=True, decode=True):
+        assert "error" not in line, line
+    pinned = f"{repository}@{image_digest(f'{repository}:base', env={})}"
+    subprocess.run([*buildah.base(), "rmi", "-f", pinned], capture_output=True, check=False)
+    context = io.BytesIO()
+    context_tar({"Dockerfile": f"FROM {pinned}\nRUN echo on-the-pinned-base > /pinned\n".encode()},
+                context)
+    events: list[str] = []
+    tag = "envbuild-test/on-digest-buildah:1"
+    try:
+        result = BuildahBuilder(docker=None).build(context, tag=tag, network="host", labels={},
+                                                   progress=lambda e: events.append(e.text))
+        assert result.image_id.startswith("sha256:")
+        assert any(text.startswith(f"pulling {pinned}") for text in events)
+        assert not any("from the Docker engine" in text for text in events)
+    finally:
+        subprocess.run([*buildah.base(), "rmi", "-f", tag, pinned], capture_output=True, check=False)

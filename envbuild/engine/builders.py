@@ -9,8 +9,11 @@ The program runs in its own session, so a Ctrl-C on the terminal reaches envbuil
 envbuild stops the program (SIGTERM, then SIGKILL), removes what it left (buildah's working
 containers made during this build) and its temporary directory, and re-raises.
 
-buildah keeps images in its own storage (``--storage-driver vfs --isolation chroot`` by
-default: root, no fuse-overlayfs, no user namespaces needed). A base image that buildah
+buildah keeps images in its own storage, with the driver buildah is configured for
+(containers-storage.conf; ``STORAGE_DRIVER`` in the environment is passed as ``--storage-driver``)
+and chroot isolation (``BUILDAH_ISOLATION`` overrides): root, no user namespaces needed. Its layer
+cache (``--layers``) is on unless the driver is vfs, which would keep every cached step as a whole
+copy of the root file system. A base image that buildah
 lacks but the Docker engine holds is copied from it first (``docker-daemon:`` transport),
 and the built image is copied to the Docker engine afterwards when one answers, so that
 ``envbuild verify`` runs it (see DEVELOPERS.md).
@@ -147,24 +150,42 @@ class BuildahBuilder:
 
     docker: object | None = None
     program: str = "buildah"
-    storage_driver: str = "vfs"
-    isolation: str = "chroot"
-    # buildah's layer cache (--layers): off by default, as vfs stores every cached step as a
-    # whole copy of the root file system (GBs for a torch image); the pip cache mount is what
-    # keeps a rebuild from downloading the wheels again.
-    layers: bool = False
+    # None: STORAGE_DRIVER from ``env`` when set, else the driver buildah is configured for.
+    storage_driver: str | None = None
+    # None: BUILDAH_ISOLATION from ``env`` when set, else chroot (no runtime, no namespaces).
+    isolation: str | None = None
+    # buildah's layer cache (--layers). None: on unless the driver is vfs, which stores every
+    # cached step as a whole copy of the root file system (GBs for a torch image); there the
+    # wheel cache mount is what spares a rebuild the downloads.
+    layers: bool | None = None
     nocache: bool = False
     name: str = "buildah"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def base(self) -> list[str]:
-        return [self.program, "--storage-driver", self.storage_driver]
+        driver = self.storage_driver or self.env.get("STORAGE_DRIVER", "")
+        return [self.program, *(["--storage-driver", driver] if driver else [])]
+
+    def isolation_mode(self) -> str:
+        return self.isolation or self.env.get("BUILDAH_ISOLATION", "") or "chroot"
+
+    def driver(self) -> str:
+        """The storage driver buildah uses (``buildah info``); "" when it does not say."""
+        done = subprocess.run([*self.base(), "info", "--format", "{{.store.GraphDriverName}}"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    def uses_layers(self) -> bool:
+        if self.layers is not None:
+            return self.layers
+        return self.driver() not in ("vfs", "")
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
               labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
               secrets: Mapping[str, bytes] | None = None,
               timestamp: int | None = None) -> BuildResult:
-        if self.isolation == "chroot" and network not in (None, "host"):
+        isolation = self.isolation_mode()
+        if isolation == "chroot" and network not in (None, "host"):
             raise UsageError(f"--network {network} with buildah: its chroot isolation runs every "
                              "step in the host's network", hint="use --network host or default")
         started = time.monotonic()
@@ -177,9 +198,9 @@ class BuildahBuilder:
                 tar.extractall(tree, filter="data")
             self._seed_bases((tree / "Dockerfile").read_text(encoding="utf-8"), progress)
             iidfile = work / "iid"
-            argv = [*self.base(), "build", "--isolation", self.isolation,
+            argv = [*self.base(), "build", "--isolation", isolation,
                     # --force-rm: buildah takes it only with --layers or --no-cache.
-                    *(["--layers", "--force-rm"] if self.layers else []),
+                    *(["--layers", "--force-rm"] if self.uses_layers() else []),
                     "--iidfile", str(iidfile), "--tag", tag,
                     *(["--no-cache"] if self.nocache else []),
                     *(["--network", network] if network else []),
@@ -252,11 +273,22 @@ class BuildahBuilder:
 
     def _seed_bases(self, dockerfile: str, progress: Callable[[BuildEvent], None]) -> None:
         """Copy each FROM image buildah lacks from the Docker engine, when that holds it (the
-        base of a registry-less machine lives there); the rest buildah pulls itself."""
+        base of a registry-less machine lives there); the rest buildah pulls itself.
+
+        A base pinned by digest (a lock's) comes from its registry, never from the engine: the
+        engine's copy would be a different manifest, and ``docker-daemon:`` takes no digest. A
+        loopback registry speaks plain HTTP, which ``buildah build`` will not pull from, so
+        that one is pulled here with ``--tls-verify=false`` (the digest is still checked)."""
         stages = {m.split()[-1].lower() for m in re.findall(r"^FROM\s.*\sAS\s+\S+", dockerfile,
                                                              re.IGNORECASE | re.MULTILINE)}
         for ref in dict.fromkeys(_FROM_RE.findall(dockerfile)):
-            if ref.lower() in stages or self.has_image(ref) or self.docker is None:
+            if ref.lower() in stages or self.has_image(ref):
+                continue
+            if "@sha256:" in ref:
+                if _loopback(ref):
+                    self._pull_loopback(ref, progress)
+                continue
+            if self.docker is None:
                 continue
             try:
                 self.docker.inspect_image(ref)  # type: ignore[attr-defined]
@@ -271,6 +303,14 @@ class BuildahBuilder:
             image_id = copied.stdout.split()[-1] if copied.stdout.split() else ref
             subprocess.run([*self.base(), "tag", image_id, ref], capture_output=True,
                            env=dict(self.env), check=False)
+
+    def _pull_loopback(self, ref: str, progress: Callable[[BuildEvent], None]) -> None:
+        progress(BuildEvent(kind="download", text=f"pulling {ref} (loopback registry, plain HTTP)"))
+        pulled = subprocess.run([*self.base(), "pull", "--tls-verify=false", ref], capture_output=True,
+                                text=True, env=dict(self.env), check=False)
+        if pulled.returncode != 0:
+            raise BuildFailed(f"cannot pull base image {ref} from its loopback registry",
+                              details=tuple(pulled.stderr.splitlines()[-LOG_TAIL:]))
 
     def to_docker(self, tag: str, progress: Callable[[BuildEvent], None]) -> None:
         """``buildah push TAG docker-daemon:TAG``: the image in the Docker engine too."""
