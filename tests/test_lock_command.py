@@ -347,3 +347,19 @@ def test_previous_pins_are_kept_until_upgraded(tmp_path: Path, indexes: str, env
     assert code == 0, err
     packages = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["packages"]
     assert packages["six"] == "1.17.0" and packages["filelock"] == "3.1.0"
+
+
+@pytest.mark.parametrize("flags, flavor", [([], "devel"), (["--flavor", "runtime"], "runtime")])
+def test_flavor_flag_overrides_the_projects_devel(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                  flavor: str) -> None:
+    """`--flavor runtime` is a choice, not argparse's default: it beats the file's devel."""
+    directory = project(tmp_path, indexes)
+    file = directory / "envbuild.toml"
+    file.write_text(file.read_text().replace('variant = "cpu"\n', 'variant = "cpu"\nflavor = "devel"\n'))
+    monkeypatch.chdir(directory)
+    code, _, err = run(capsys, env, "lock", *flags)
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert target["stack"]["flavor"] == flavor

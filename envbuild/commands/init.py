@@ -106,9 +106,10 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     values = InitValues(
         target=args.target, driver=driver, gpus=tuple(gpus), archs=tuple(archs),
         datacenter=args.datacenter, variant=_checked("--variant", "variant", variant) if variant else None,
-        flavor=args.flavor, torch_index_url=_checked("--index-url", "torch-index-url", args.index_url)
-        if args.index_url else None, requirements=tuple(requirements), pyproject=pyproject, note=note,
-        **stack)
+        flavor=args.flavor or "runtime",
+        torch_index_url=(_checked("--index-url", "torch-index-url", args.index_url)
+                         if args.index_url else None),
+        requirements=tuple(requirements), pyproject=pyproject, note=note, **stack)
     text = render_project(values, pyproject_block=args.print_block)
     # What is written must load: every requirements file is read and checked now.
     project_from_text(text, output, shown=shown_path(output, cwd), cwd=cwd)

@@ -158,7 +158,7 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
     for key in _STACK_KEYS:
         if getattr(args, key) is None:
             setattr(ns, key, getattr(project, key))
-    if args.flavor == "runtime" and project.flavor:  # argparse's default: the file may say devel
+    if args.flavor is None:  # not on the command line: the project's (itself runtime by default)
         ns.flavor = project.flavor
     ns.index_url = args.index_url or project.torch_index_url
     ns.base_image = args.base_image or project.base_image

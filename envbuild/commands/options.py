@@ -72,8 +72,9 @@ def add_selectors(p: argparse.ArgumentParser) -> None:
     stack.add_argument("--ubuntu", metavar="YY.MM", help="Ubuntu release, e.g. 22.04")
     stack.add_argument("--variant", metavar="NAME",
                        help="wheel variant: cu124, cpu, or 'default' (the package index's wheel)")
-    stack.add_argument("--flavor", choices=("runtime", "devel"), default="runtime",
-                       help="devel adds the CUDA toolkit (nvcc) for building extensions")
+    stack.add_argument("--flavor", choices=("runtime", "devel"),
+                       help="devel adds the CUDA toolkit (nvcc) for building extensions "
+                            "(default: the project's, else runtime)")
     stack.add_argument("--index-url", metavar="URL",
                        help="index torch is installed from (default: the variant's own; for "
                             "--variant default $PIP_INDEX_URL, else pip's configured index)")
