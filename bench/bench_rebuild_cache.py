@@ -13,7 +13,8 @@ Each builder builds the first lock, then the lock with filelock moved to its pre
 (``envbuild lock`` again), and builds that:
 
   seconds     the rebuild's wall time (``envbuild build``, buildah's copy into dockerd included)
-  wheels      wheel files the mirror sent during the rebuild, and their size
+  wheels      whole wheel files the mirror sent during the rebuild, and the bytes it sent
+              (range reads included: uv reads a wheel's metadata by range first)
   ran         the Dockerfile steps that ran rather than coming from a layer cache
 
 The mirror is filled once through the configured package index (``pip download``'s settings).
@@ -53,26 +54,46 @@ BUILDERS = ("classic", "buildah")
 
 
 class Mirror(http.server.SimpleHTTPRequestHandler):
-    """Static files; wheels marked immutable; every wheel sent counted (name → bytes)."""
+    """Static files; wheels marked immutable and readable by byte range, as an index's file host
+    serves them (uv reads a wheel's metadata by range before it fetches the wheel); what is sent
+    is counted per wheel: whole files, and range reads apart."""
 
     sent: ClassVar[Counter[str]] = Counter()  # wheel name → bytes sent
-    times: ClassVar[Counter[str]] = Counter()  # wheel name → times sent
+    times: ClassVar[Counter[str]] = Counter()  # wheel name → whole files sent
+    ranges: ClassVar[Counter[str]] = Counter()  # wheel name → range reads answered
     lock = threading.Lock()
 
     def end_headers(self) -> None:
         if self.path.endswith(".whl"):
             self.send_header("Cache-Control", "max-age=31536000, immutable, public")
+            self.send_header("Accept-Ranges", "bytes")
         else:
             self.send_header("Cache-Control", "max-age=600, public")
         super().end_headers()
 
     def do_GET(self) -> None:
-        super().do_GET()
-        if self.path.endswith(".whl"):
-            size = Path(self.translate_path(self.path)).stat().st_size
-            with Mirror.lock:
-                Mirror.sent[self.path.rsplit("/", 1)[-1]] += size
-                Mirror.times[self.path.rsplit("/", 1)[-1]] += 1
+        name = self.path.rsplit("/", 1)[-1]
+        wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if not self.path.endswith(".whl"):
+            super().do_GET()
+            return
+        data = Path(self.translate_path(self.path)).read_bytes()
+        if wanted and (wanted[1] or wanted[2]):
+            first = int(wanted[1]) if wanted[1] else max(len(data) - int(wanted[2]), 0)
+            last = int(wanted[2]) if wanted[1] and wanted[2] else len(data) - 1
+            part = data[first:min(last, len(data) - 1) + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{first + len(part) - 1}/{len(data)}")
+        else:
+            part = data
+            self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(part)))
+        self.end_headers()
+        self.wfile.write(part)
+        with Mirror.lock:
+            Mirror.sent[name] += len(part)
+            (Mirror.ranges if part is not data else Mirror.times)[name] += 1
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -147,12 +168,12 @@ def fill_mirror(root: Path, base: str, torch_index: str) -> tuple[str, str]:
 def build(directory: Path, builder: str) -> dict[str, Any]:
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--builder", builder,
             "--tag", f"envbuild-bench/rebuild:{builder}", "--report", "report.json"]
-    sent, times = Counter(Mirror.sent), Counter(Mirror.times)
+    sent, times, ranges = Counter(Mirror.sent), Counter(Mirror.times), Counter(Mirror.ranges)
     seconds, _ = envbuild(*args, cwd=directory)
     report = json.loads((directory / "report.json").read_text())
     return {"seconds": seconds, "files": (Mirror.times - times).total(),
-            "bytes": (Mirror.sent - sent).total(), "names": sorted(Mirror.times - times),
-            "ran": report["ran"]}
+            "ranges": (Mirror.ranges - ranges).total(), "bytes": (Mirror.sent - sent).total(),
+            "names": sorted(Mirror.times - times), "ran": report["ran"]}
 
 
 def main() -> int:
@@ -207,6 +228,7 @@ def main() -> int:
         print(f"{label:16}" + "".join(f"{runs[b]['seconds']:>16.1f} s" for b in BUILDERS))
         print(f"{'  wheels sent':16}" + "".join(
             f"{runs[b]['files']:>6} ({runs[b]['bytes'] / 1e6:6.1f} MB)" for b in BUILDERS))
+        print(f"{'  range reads':16}" + "".join(f"{runs[b]['ranges']:>18}" for b in BUILDERS))
     for builder in BUILDERS:
         print(f"rebuild fetched ({builder}): {', '.join(again[builder]['names']) or 'nothing'}")
         print(f"rebuild ran ({builder}): " + "; ".join(s[:50] for s in again[builder]["ran"]))
