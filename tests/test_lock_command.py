@@ -363,3 +363,24 @@ def test_flavor_flag_overrides_the_projects_devel(tmp_path: Path, indexes: str, 
     assert code == 0, err
     target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
     assert target["stack"]["flavor"] == flavor
+
+
+@pytest.mark.parametrize(("pyproject", "code", "message"), [
+    # [tool.envbuild] written as an inline table is a project too (read as TOML, not searched for)
+    ('[project]\nname = "x"\nversion = "0"\n\n[tool]\nenvbuild = { variant = "cpu" }\n', 2,
+     "cannot lock a project's dependencies"),
+    # the table's name in a comment is not a table
+    ('# see [tool.envbuild] in the docs\n[project]\nname = "x"\nversion = "0"\n', 0, ""),
+    # a pyproject that does not parse is named with its line
+    ('[project]\nname = "x\n', 2, "pyproject.toml"),
+])
+def test_a_pyproject_is_a_project_when_toml_says_it_has_the_table(
+        tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, pyproject: str, code: int, message: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    monkeypatch.chdir(tmp_path)
+    got, _, err = run(capsys, env, "lock", "--stack-only", "--variant", "cpu", "--torch", "==2.13.0",
+                      "--python", "3.11", "--offline")
+    assert got == code, err
+    assert message in err
+    assert (tmp_path / "envbuild.lock").exists() is (code == 0)

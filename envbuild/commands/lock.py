@@ -120,22 +120,11 @@ def _project(args: argparse.Namespace) -> Project | None:
             raise UsageError("--project and --no-project cannot be combined")
         return None
     cwd = Path.cwd()
-    if args.project is None and not _has_project(cwd):
+    from envbuild.project.config import load_project, project_file_here
+
+    if args.project is None and project_file_here(cwd) is None:
         return None
-    from envbuild.project.config import load_project
-
     return load_project(Path(args.project) if args.project else None, cwd)
-
-
-def _has_project(cwd: Path) -> bool:
-    """An envbuild.toml, or a pyproject.toml that has a [tool.envbuild] table."""
-    if (cwd / "envbuild.toml").is_file():
-        return True
-    pyproject = cwd / "pyproject.toml"
-    try:
-        return pyproject.is_file() and "[tool.envbuild" in pyproject.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return True  # load_project reports it with its path
 
 
 def _plans(args: argparse.Namespace, project: Project | None) -> list[_Plan]:

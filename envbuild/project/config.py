@@ -246,6 +246,19 @@ def find_project_file(path: Path | None, cwd: Path) -> Path:
     [tool.envbuild]; neither is a UsageError."""
     if path is not None:
         return path if path.is_absolute() else cwd / path
+    found = project_file_here(cwd)
+    if found is not None:
+        return found
+    if (cwd / PYPROJECT).is_file():
+        raise UsageError(f"no project file: no {PROJECT_FILE} here and {PYPROJECT} has no "
+                         "[tool.envbuild] table", hint="run 'envbuild init' (or add the table)")
+    raise UsageError(f"no project file: neither {PROJECT_FILE} nor {PYPROJECT} in {cwd}",
+                     hint="run 'envbuild init' to write one")
+
+
+def project_file_here(cwd: Path) -> Path | None:
+    """envbuild.toml in ``cwd``, else its pyproject.toml when that has a [tool.envbuild] table
+    (read as TOML: a file that does not parse is a UsageError naming its line), else None."""
     own = cwd / PROJECT_FILE
     if own.exists():
         return own
@@ -255,10 +268,7 @@ def find_project_file(path: Path | None, cwd: Path) -> Path:
         tool = parse(text, PYPROJECT).get("tool")
         if isinstance(tool, dict) and "envbuild" in tool:
             return pyproject
-        raise UsageError(f"no project file: no {PROJECT_FILE} here and {PYPROJECT} has no "
-                         "[tool.envbuild] table", hint="run 'envbuild init' (or add the table)")
-    raise UsageError(f"no project file: neither {PROJECT_FILE} nor {PYPROJECT} in {cwd}",
-                     hint="run 'envbuild init' to write one")
+    return None
 
 
 def load_project(path: Path | None, cwd: Path) -> Project:
