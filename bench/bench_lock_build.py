@@ -173,6 +173,9 @@ def main() -> int:
             relock_s, _ = envbuild("lock", "--installer", installers[0], cwd=work)
             rebuild_s, again = build(work, "envbuild-bench/locked:added", "--builder", args.builder)
         finally:
+            # the base's tag for the registry, which is gone with it
+            subprocess.run(["docker", "rmi", f"{address}/envbuild/bookworm:base"], capture_output=True,
+                           check=False)
             registry.terminate()
             registry.wait(10)
             # Each image is several GB: leave none of them behind.

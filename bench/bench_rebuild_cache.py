@@ -211,6 +211,9 @@ def main() -> int:
             for builder in BUILDERS:
                 again[builder] = build(work, builder)
         finally:
+            # the base's tag for the registry, which is gone with it
+            subprocess.run(["docker", "rmi", f"{registry_address}/envbuild/bookworm:base"],
+                           capture_output=True, check=False)
             server.shutdown()
             registry.terminate()
             registry.wait(10)

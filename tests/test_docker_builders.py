@@ -79,12 +79,22 @@ def by_builder(client: Any, base_image: str, loopback_registry: str, buildah: Bu
     has the e2e test's tag and recipe, so its layer cache makes it quick when both run. The
     buildah image leaves buildah's storage afterwards."""
     tmp = tmp_path_factory.mktemp("builders")
+    before = buildah_images(buildah)
     try:
         yield {"classic": pushed(client, base_image, loopback_registry, "classic", CPU_TAG, tmp),
                "buildah": pushed(client, base_image, loopback_registry, "buildah", BUILDAH_TAG, tmp)}
     finally:
-        subprocess.run([*buildah.base(), "rmi", BUILDAH_TAG], capture_output=True,
-                       check=False)
+        # The tag, then the images its build left in buildah's storage (its --layers steps)
+        subprocess.run([*buildah.base(), "rmi", BUILDAH_TAG], capture_output=True, check=False)
+        made = buildah_images(buildah) - before
+        if made:
+            subprocess.run([*buildah.base(), "rmi", "--force", *made], capture_output=True, check=False)
+
+
+def buildah_images(buildah: BuildahBuilder) -> set[str]:
+    done = subprocess.run([*buildah.base(), "images", "--all", "--quiet", "--no-trunc"],
+                          capture_output=True, text=True, check=False)
+    return set(done.stdout.split())
 
 
 def manifest(ref: str) -> dict[str, Any]:
