@@ -238,7 +238,7 @@ nvswitch_found() {
   ((NVSWITCH)) && return 0
   # NVSwitches on the PCI bus are NVIDIA bridges, class 0680 (A100's 10de:1af1, H100's 10de:22a3);
   # else eight GPUs of an HGX board's SXM parts, as the loaded driver names them.
-  lspci -n -d 10de: 2>/dev/null | grep -q ' 0680: ' && return 0
+  grep -q ' 0680: ' <<<"$(lspci -n -d 10de: 2>/dev/null || true)" && return 0
   (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$' || true) >= 8))
 }
 
@@ -267,7 +267,9 @@ ctk_list_text() {
 has_nvidia_gpu() {
   if command -v lspci >/dev/null 2>&1; then
     # 10de: NVIDIA's PCI vendor id; classes 0300 (VGA) and 0302 (3D controller) are GPUs.
-    lspci -n -d 10de: 2>/dev/null | grep -Eq ' 030[02]: ' && return 0
+    # Read whole first: grep -q stops at its first match, and under pipefail an lspci still
+    # writing would then die of SIGPIPE and fail the pipe (a GPU found read as none).
+    grep -Eq ' 030[02]: ' <<<"$(lspci -n -d 10de: 2>/dev/null || true)" && return 0
     return 1
   fi
   local dev
