@@ -201,7 +201,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     module's own fixtures, so a snapshot taken there would count its image as already there."""
     module = getattr(item, "module", None)
     name = getattr(module, "__name__", "")
-    if name and name not in _BEFORE_MODULE:
+    # Only tests marked ``docker`` build images. Any other module must leave the engine alone:
+    # an image that appears meanwhile is someone else's (a benchmark's build was deleted under it
+    # when every module cleaned up).
+    if name and name not in _BEFORE_MODULE and item.get_closest_marker("docker") is not None:
         engine = _engine()
         _BEFORE_MODULE[name] = set() if engine is None else \
             {image["Id"] for image in engine[0].images(all=True)}
@@ -220,7 +223,7 @@ def _images_made_here_are_removed(request: pytest.FixtureRequest) -> Iterator[No
     client, fd = engine
     yield
     before = _BEFORE_MODULE.get(request.module.__name__)
-    if before is None:  # no test of the module ran
+    if before is None:  # no test of the module that may build an image ran
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # alone: no other session is building
