@@ -62,7 +62,7 @@ def _every_stack(m: matrixmod.Matrix) -> list[lockmod.Lock]:
                 extra = {"gpus": tuple(find_gpu(gpus, g) for g in extra["gpus"])}
             request = Request(driver=DriverVersion.parse(driver) if driver else None, **extra)  # type: ignore[arg-type]
             for stack in resolve(request, m).stacks:
-                if stack.ubuntu not in script.NVIDIA_DISTROS or stack.compat == "forward":
+                if stack.ubuntu not in script.NVIDIA_DISTROS:  # forward stacks included (P1)
                     continue
                 key = (stack.torch, stack.variant, stack.python, stack.ubuntu, stack.cuda,
                        stack.min_driver, stack.index_url is None)
@@ -79,7 +79,7 @@ def shapes(m: matrixmod.Matrix) -> list[lockmod.Lock]:
     for lock in every_stack(m):
         s = lock.stack
         found.setdefault((s.variant == "cpu", s.cuda is None, lock.python_provision, s.ubuntu,
-                          lock.index_url is None), lock)
+                          lock.index_url is None, s.compat == "forward"), lock)
     return list(found.values())
 
 
@@ -104,6 +104,7 @@ def test_user_data_fits_16_kb_for_every_stack(matrix: matrixmod.Matrix,
     full smoke test's URL, is at most 16384 bytes; the margin left is printed (install.sh grows)."""
     locks = every_stack(matrix)
     assert len(locks) >= 40, len(locks)  # the combination matrix really was walked
+    assert any(lock.stack.compat == "forward" for lock in locks)  # P1: B200 on 570 with CUDA 13
     sizes = sorted((uploaded(lock), f"{lock.stack.torch} {lock.stack.variant} Python "
                     f"{lock.stack.python} Ubuntu {lock.stack.ubuntu}") for lock in locks)
     largest, name = sizes[-1]
@@ -469,7 +470,42 @@ def test_env_is_exported_for_login_shells_and_the_smoke_test(matrix: matrixmod.M
     shown = subprocess.run(["sh", "-c", f". {tmp_path / 'env.sh'}; printf '%s|%s' \"$HF_HOME\" \"$QUOTED\""],
                            capture_output=True, text=True, check=True, timeout=60).stdout
     assert shown == "/data/hf|it's a \"test\" $HOME `id` \\n"
-    assert 'env "${ENV_PAIRS[@]}" "$VENV/bin/python" "$PREFIX/smoke.py"' in text
+    assert "mapfile -d '' -t envs < <(smoke_env)" in text
+    assert 'env "${envs[@]}" "$VENV/bin/python" "$PREFIX/smoke.py"' in text
+    assert smoke_env(text, "''", "") == [f"{key}={value}" for key, value in lock.env]
+
+
+def smoke_env(text: str, compat_dir: str, inherited: str) -> list[str]:
+    """What install.sh's smoke_env gives ``env`` before the smoke test: its facts block's ENV_PAIRS,
+    ``COMPAT_DIR`` as given, ``LD_LIBRARY_PATH`` inherited as given (empty: unset)."""
+    line = next(x for x in text.splitlines() if x.startswith("readonly -a ENV_PAIRS="))
+    start = text.index("smoke_env() {")
+    function = text[start:text.index("\n}\n", start) + 3]
+    program = f"set -euo pipefail\n{line}\nreadonly COMPAT_DIR={compat_dir}\n{function}smoke_env\n"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if inherited:
+        env["LD_LIBRARY_PATH"] = inherited
+    done = subprocess.run(["bash", "-c", program], capture_output=True, check=True, timeout=60, env=env)
+    return done.stdout.decode().split("\0")[:-1]
+
+
+@pytest.mark.parametrize(("pairs", "inherited", "wanted"), [
+    ([], "", "/usr/local/cuda-13.2/compat"),
+    ([], "/opt/x", "/usr/local/cuda-13.2/compat:/opt/x"),
+    # an --env LD_LIBRARY_PATH is what the smoke test would have had: the compat directory goes before it
+    (["LD_LIBRARY_PATH=/data/lib", "HF_HOME=/h"], "/opt/x", "/usr/local/cuda-13.2/compat:/data/lib"),
+])
+def test_smoke_env_puts_the_compat_dir_first(pairs: list[str], inherited: str, wanted: str,
+                                             matrix: matrixmod.Matrix) -> None:
+    """docs/faults.md P1: a forward-compatibility stack's smoke test runs with the compat directory
+    first on LD_LIBRARY_PATH, after the --env pairs (so it wins over an --env LD_LIBRARY_PATH)."""
+    lock = render.lock_for(every_stack(matrix)[0].stack, matrix,
+                           render.parse_options(python_url=PY_URL, python_sha256=SHA, env=pairs))
+    text = script.render_script(lock)["install.sh"].decode()
+    given = [f"{key}={value}" for key, value in lock.env]  # the lock's order
+    assert sorted(given) == sorted(pairs)
+    assert smoke_env(text, "/usr/local/cuda-13.2/compat", inherited) == [*given, f"LD_LIBRARY_PATH={wanted}"]
+    assert smoke_env(text, "''", inherited) == given  # not a forward stack: the pairs alone
 
 
 def test_a_locks_image_only_values_are_named_in_a_warning(tmp_path: Path,

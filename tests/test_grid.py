@@ -1,4 +1,4 @@
-"""docs/faults.md L5 (issue #13 item 7): every stack resolve offers renders, with no flag.
+"""docs/faults.md L5, L6 (issue #13 item 7): every stack resolve offers renders, with no flag.
 
 A grid of drivers (450 to 595, each a toolkit driver of cuda_toolkits.yaml) × GPUs (Kepler
 to Blackwell, GeForce, workstation and datacenter) × constraint sets; for each cell the top
@@ -8,11 +8,9 @@ checked by the gates the renderers already run: hadolint on the Dockerfiles (C2)
 and ``bash -n`` on the scripts (C1), ``cloud-init schema`` on the user-data. Identical
 stacks are rendered once; identical command bodies and user-data shapes are linted once.
 
-One known limit (L6): a forward-compatibility stack (CUDA newer than the driver, through the
-cuda-compat package inside a container) renders its Docker context, but the host script and
-cloud-init refuse it with exit 2 and a hint, as they always have (script.check_scriptable):
-on a host the script would install a new enough driver instead. The test holds that refusal
-to exactly those stacks.
+Forward-compatibility stacks (CUDA newer than the driver, B200 on 570.124.06 with a CUDA 13
+wheel: L6, P1) render all three too: their host script installs NVIDIA's cuda-compat package and
+keeps the driver branch they were resolved for, and the test checks each names its package.
 """
 
 from __future__ import annotations
@@ -91,15 +89,8 @@ def test_every_offered_stack_renders_lint_clean(matrix: matrixmod.Matrix, tmp_pa
         try:
             lock = render.lock_for(stack, matrix, render.RenderOptions())
             docker = render.render_docker(lock, render.RenderOptions())
-            if stack.compat == "forward":  # L6: the host targets refuse it, with a hint
-                for target in (script.render_script, cloudinit.render_cloud_init):
-                    with pytest.raises(UsageError, match="forward compatibility") as info:
-                        target(lock)
-                    assert info.value.exit_code == 2 and info.value.hint
-                forward += 1
-            else:
-                host = script.render_script(lock)
-                cloud = cloudinit.render_cloud_init(lock)
+            host = script.render_script(lock)
+            cloud = cloudinit.render_cloud_init(lock)
         except UsageError as exc:
             failures.append(f"{cell}: torch {stack.torch}+{stack.variant} Python {stack.python} "
                             f"Ubuntu {stack.ubuntu} {stack.compat}: {exc.one_line()}")
@@ -109,9 +100,12 @@ def test_every_offered_stack_renders_lint_clean(matrix: matrixmod.Matrix, tmp_pa
         if dockerfile not in dockerfiles:
             dockerfiles[dockerfile] = tmp_path / f"{number}.Dockerfile"
             dockerfiles[dockerfile].write_bytes(dockerfile)
-        if stack.compat == "forward":
-            continue
         text = host["install.sh"].decode()
+        if stack.compat == "forward":  # L6, P1: the host targets set up cuda-compat
+            package, directory = script.compat_facts(lock)
+            assert f"readonly COMPAT_PACKAGE={package}\n" in text and package.startswith("cuda-compat-")
+            assert f"readonly COMPAT_DIR={directory}\n" in text
+            forward += 1
         commands = "\n".join(x for x in text.splitlines() if not x.startswith(("# ", "readonly ")))
         if commands not in scripts:
             scripts[commands] = tmp_path / f"{number}.sh"
@@ -122,12 +116,13 @@ def test_every_offered_stack_renders_lint_clean(matrix: matrixmod.Matrix, tmp_pa
             user_data[shape].write_bytes(cloud["user-data.yaml"])
     assert not failures, f"{len(failures)} of {len(stacks)} offered stacks do not render:\n" + \
         "\n".join(failures[:20])
+    assert forward > 0  # the grid offers forward stacks (B200 on 570.124.06), and they were rendered
     _lint(dockerfiles.values(), scripts.values(), user_data.values())
     seconds = time.monotonic() - started
     print(f"grid: {len(DRIVERS)} drivers x {len(GPUS)} GPUs x {len(CONSTRAINTS)} constraint sets, "
           f"{pairs} offered (cell, stack) pairs, {len(stacks)} distinct stacks, "
-          f"{3 * len(stacks) - 2 * forward} renders ({forward} forward-compatibility stacks: "
-          f"Docker only, the host targets refuse them); "
+          f"{3 * len(stacks)} renders ({forward} forward-compatibility stacks, cuda-compat on the "
+          f"host); "
           f"linted {len(dockerfiles)} Dockerfiles, {len(scripts)} script bodies, "
           f"{len(user_data)} user-data shapes; {seconds:.1f} s")
 

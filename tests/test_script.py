@@ -71,6 +71,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
          "pip_packages": ["numpy==1.26.4", "pillow"]}),
     # the package index's default wheel from a mirror: no --index-url in the script
     "default-variant": ({"driver": d("570"), "variant": "default", "ubuntu": "22.04"}, {}),
+    # B200 on driver 570 with a CUDA 13 wheel: forward compatibility (docs/faults.md L6, P1)
+    "forward-b200": ({"driver": d("570.124.06"), "gpus": ("B200",),
+                      "cuda": parse_requirement("cuda", "13")}, {}),
 }
 
 
@@ -85,7 +88,7 @@ def case_host(name: str, m: matrixmod.Matrix, lock: lockmod.Lock) -> HostSetup:
     gpus = tuple(find_gpu(m.rows("gpus"), g) for g in request.get("gpus", ()))
     driver = request.get("driver")
     return host_setup(lock.stack.min_driver, m.rows("driver_branches"), m.rows("container_toolkit"), gpus,
-                      driver.branch if driver else None)
+                      driver.branch if driver else None, forward=lock.stack.compat == "forward")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -123,12 +126,13 @@ def test_render_twice_and_from_lock_same_bytes(name: str, matrix: matrixmod.Matr
 def scriptable_stacks(m: matrixmod.Matrix) -> list[tuple[str, lockmod.Lock]]:
     """Distinct stack shapes over many drivers and variants (the combination matrix)."""
     found: dict[tuple[Any, ...], lockmod.Lock] = {}
+    b200 = (find_gpu(m.rows("gpus"), "B200"),)
     for driver in (None, "450", "470", "525", "535", "550", "570", "580"):
         for extra in ({}, {"variant": "default"}, {"variant": "cpu", "ubuntu": "22.04"},
-                      {"ubuntu": "20.04"}, {"ubuntu": "24.04"}):
+                      {"ubuntu": "20.04"}, {"ubuntu": "24.04"}, {"gpus": b200}):
             request = Request(driver=d(driver) if driver else None, **extra)  # type: ignore[arg-type]
             for stack in resolve(request, m).stacks:
-                if stack.ubuntu not in script.NVIDIA_DISTROS or stack.compat == "forward":
+                if stack.ubuntu not in script.NVIDIA_DISTROS:
                     continue
                 key = (stack.variant, stack.python, stack.ubuntu, stack.compat, stack.cuda,
                        stack.min_driver, stack.index_url is None, stack.torchvision is None)
@@ -159,6 +163,7 @@ def test_shellcheck_every_rendered_script(matrix: matrixmod.Matrix, tmp_path: Pa
             bodies[commands] = tmp_path / f"{name}.sh"
             bodies[commands].write_text(text)
     assert len(bodies) >= 3  # distro/standalone, index/no index, CUDA/CPU shapes
+    assert any(lock.stack.compat == "forward" for _, lock in stacks)  # P1: forward stacks are linted too
     stubs = sorted(str(p) for p in (Path(__file__).parent / "stubs").iterdir() if p.suffix != ".md")
     paths = [str(p) for p in bodies.values()]
     result = subprocess.run([shellcheck, "-S", "warning", *paths, *stubs], capture_output=True,
@@ -224,10 +229,33 @@ def test_facts_from_the_lock(matrix: matrixmod.Matrix) -> None:
     assert "readonly -a PIP_EXTRA=(numpy==1.26.4 pillow)" in cpu
 
 
-def test_forward_compat_and_unsupported_ubuntu_refused(matrix: matrixmod.Matrix) -> None:
+def test_forward_stack_gets_cuda_compat_and_only_it(matrix: matrixmod.Matrix) -> None:
+    """docs/faults.md L6, P1: a forward-compatibility stack renders; its script names NVIDIA's
+    cuda-compat package of the wheel's CUDA release and its compat directory, kept on the branch it
+    was resolved for. Every other stack has both facts empty and names no cuda-compat package."""
+    lock = case_lock("forward-b200", matrix)
+    assert lock.stack.compat == "forward" and lock.stack.cuda == "13.2"
+    text = script.render_script(lock, host=case_host("forward-b200", matrix, lock))["install.sh"].decode()
+    lines, body = header(text)
+    facts = dict(line.removeprefix("readonly ").split("=", 1) for line in lines if "-a" not in line)
+    assert facts["COMPAT_PACKAGE"] == "cuda-compat-13-2"
+    assert facts["COMPAT_DIR"] == "/usr/local/cuda-13.2/compat"
+    assert facts["DRIVER_BRANCH"] == "570" and facts["DRIVER_MODULES"] == "open"
+    assert "# Driver branch: the branch the stack's forward compatibility was resolved for (570)" in text
+    for step in ('apt_install "$COMPAT_PACKAGE"', "compat_path_line >>\"$VENV/bin/activate\"",
+                 '"LD_LIBRARY_PATH=$COMPAT_DIR${base:+:$base}"', 'env "${envs[@]}" "$VENV/bin/python"'):
+        assert step in body, step
+    cloud = cloudinit.render_cloud_init(lock)["user-data.yaml"].decode()
+    assert "readonly COMPAT_PACKAGE=cuda-compat-13-2" in cloud
+    for name in sorted(set(CASES) - {"forward-b200"}):
+        other = script.render_script(case_lock(name, matrix))["install.sh"].decode()
+        lines, _ = header(other)
+        assert "readonly COMPAT_PACKAGE=''" in lines and "readonly COMPAT_DIR=''" in lines, name
+        assert "cuda-compat-" not in other and "/compat" not in other, name
+
+
+def test_unsupported_ubuntu_refused(matrix: matrixmod.Matrix) -> None:
     lock = case_lock("driver550-top", matrix)
-    with pytest.raises(UsageError, match="forward compatibility"):
-        script.render_script(replace(lock, stack=lock.stack.replace(compat="forward")))
     with pytest.raises(UsageError, match=r"Ubuntu 26\.04") as info:
         cloudinit.render_cloud_init(replace(lock, stack=lock.stack.replace(ubuntu="26.04")))
     assert info.value.exit_code == 2
@@ -336,6 +364,37 @@ def test_choose_branch_rules() -> None:
         choose("600.10", rows, (), None)
     with pytest.raises(PreflightFailed, match="older than 570"):
         choose("570.26", rows, (), 550)
+    # P2: forward compatibility keeps the branch it was resolved for, on datacenter GPUs only
+    b200 = GpuTarget(label="NVIDIA B200", compute_capability="10.0", datacenter=True, min_driver_branch=570)
+    geforce = GpuTarget(label="NVIDIA GeForce RTX 4090", compute_capability="8.9", datacenter=False)
+    assert choose("570", rows, (b200,), None, forward=True)[:2] == ("570", "open")
+    assert choose("570", rows, (b200,), 570, forward=True)[:2] == ("570", "open")
+    with pytest.raises(PreflightFailed, match="resolved for driver branch 570; --driver 580 is another"):
+        choose("570", rows, (b200,), 580, forward=True)
+    with pytest.raises(PreflightFailed, match="GeForce RTX 4090 is not a datacenter GPU"):
+        choose("570", rows, (geforce,), None, forward=True)
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["--gpu", "RTX 4090"], "NVIDIA GeForce RTX 4090 is not a datacenter GPU: forward compatibility"),
+    (["--driver", "580"], "resolved for driver branch 570; --driver 580 is another branch"),
+])
+@pytest.mark.parametrize("target", ["script", "cloud-init"])
+def test_forward_lock_on_what_it_cannot_run_exits_9(argv: list[str], why: str, target: str,
+                                                    tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md P2: a forward-compatibility lock rendered for a GeForce GPU or another driver
+    branch: exit 9, one line naming why, nothing written; for its own selectors it renders."""
+    lock = tmp_path / "envbuild.lock"
+    assert cli.main(["lock", "--stack-only", "--driver", "570.124.06", "--gpu", "B200", "--cuda", "13",
+                     "-o", str(lock)], env={}) == 0
+    assert json.loads(lock.read_text())["stack"]["compat"] == "forward"
+    assert cli.main(["render", target, "--lock", str(lock), "-o", str(tmp_path / "ok")], env={}) == 0
+    capsys.readouterr()
+    assert cli.main(["render", target, "--lock", str(lock), *argv, "-o", str(tmp_path / "out")], env={}) == 9
+    err = capsys.readouterr().err
+    assert why in err and err.startswith("envbuild: error[preflight]: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("argv", [
@@ -441,6 +500,19 @@ def test_install_sh_host_options_are_checked(option: list[str], message: str, ma
     done = subprocess.run(["bash", str(path), *option], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+def test_install_sh_forward_stack_refuses_another_driver_branch(matrix: matrixmod.Matrix,
+                                                              tmp_path: Path) -> None:
+    """P2: --driver-branch of a forward-compatibility script may only name its own branch."""
+    lock = case_lock("forward-b200", matrix)
+    path = tmp_path / "install.sh"
+    path.write_bytes(script.render_script(lock, host=case_host("forward-b200", matrix, lock))["install.sh"])
+    done = subprocess.run(["bash", str(path), "--driver-branch", "580"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert ("--driver-branch 580: this stack runs CUDA 13.2 through forward compatibility "
+            "(cuda-compat-13-2) resolved for branch 570") in done.stderr
 
 
 def test_install_sh_without_a_toolkit_refuses_a_runtime(matrix: matrixmod.Matrix, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ import pytest
 from conftest import KEYRINGS, TEST_KEY_FINGERPRINT, keyring_deb, with_test_key
 
 from envbuild.data import matrix as matrixmod
+from envbuild.data.gpus import find_gpu
 from envbuild.data.versions import DriverVersion
 from envbuild.render import lock as lockmod
 from envbuild.render import script
@@ -771,3 +772,96 @@ def test_user_data_first_boot_runs_the_embedded_script_and_exports_env(
         code, out = h.sh(f"PATH=/stubs:$PATH bash {SRC}/install-noenv.sh --yes --no-smoke 2>&1")
         assert code == 0 and "remove /etc/profile.d/envbuild-env.sh" in out, out
         assert h.sh("test -e /etc/profile.d/envbuild-env.sh")[0] != 0
+
+
+@pytest.fixture(scope="module")
+def forward_rendered() -> dict[str, bytes]:
+    """install.sh of a forward-compatibility stack (B200 on driver 570.124.06, a CUDA 13 wheel),
+    retargeted like ``rendered`` at the container's Python 3.11, Ubuntu 22.04 and a local index;
+    smoke.py is a stand-in that prints the LD_LIBRARY_PATH and --env value it was started with."""
+    m = matrixmod.load(matrixmod.default_directory({}))
+    gpu = find_gpu(m.rows("gpus"), "B200")
+    stack = next(s for s in resolve(Request(driver=DriverVersion.parse("570.124.06"), gpus=(gpu,)), m).stacks
+                 if s.compat == "forward")
+    stack = stack.replace(python="3.11", ubuntu="22.04", torchvision=None, torchaudio=None)
+    base = lockmod.make_lock(stack, m)
+    lock = replace(base, stack=stack, index_url=INDEX, python_provision="distro", python_standalone=None,
+                   env=(("HF_HOME", "/data/hf"),))
+    lock = replace(lock, packages=lockmod.pins(lock.stack))
+    lockmod.check_lock(lock)
+    files = script.render_script(lock, host=HostSetup(branch="570", modules="open", why="test",
+                                                      runtime="none"))
+    stand_in = (b"import os\nprint('smoke-env LD_LIBRARY_PATH=%s HF_HOME=%s' % "
+                b"(os.environ.get('LD_LIBRARY_PATH'), os.environ.get('HF_HOME')))\n")
+    return {**files, "install.sh": with_test_key(files["install.sh"]), "smoke.py": stand_in}
+
+
+@contextlib.contextmanager
+def forward_host(docker_client: Any, files: dict[str, bytes], tmp_path: Path) -> Iterator[Host]:
+    lock = json.loads(files["envbuild.lock"])
+    wheel_name, wheel = _placeholder("torch", lock["packages"]["torch"])
+    with started_host(docker_client, files, {f"simple/torch/{wheel_name}": wheel}, tmp_path) as h:
+        ubuntu(h)
+        h.sh("printf 'NVIDIA B200\\n' > /stub-state/gpu-names")
+        yield h
+
+
+COMPAT = "/usr/local/cuda-13.2/compat"
+
+
+def test_forward_compat_installs_cuda_compat_and_reaches_the_smoke_test(
+        docker_client: Any, forward_rendered: dict[str, bytes], tmp_path: Path) -> None:
+    """docs/faults.md P1: on the branch the stack was resolved for (570), the driver is kept and
+    cuda-compat-13-2 comes from NVIDIA's repository (its keyring first); the compat directory is
+    first on LD_LIBRARY_PATH for the smoke test, in the venv's activate script and for login
+    shells (once, with both); a second run changes nothing."""
+    assert b"readonly COMPAT_PACKAGE=cuda-compat-13-2\n" in forward_rendered["install.sh"]
+    with forward_host(docker_client, forward_rendered, tmp_path) as h:
+        h.state(gpu="1", driver="570.124.06")
+        code, out = h.run("--dry-run")
+        assert code == 0, out
+        assert ("install cuda-compat-13-2 (forward compatibility: CUDA 13.2 on driver branch 570; its "
+                f"libcuda in {COMPAT})") in out
+        assert ("driver 570.124.06 runs CUDA 13.2 through forward compatibility (cuda-compat-13-2): "
+                "unchanged") in out
+        code, out = h.run("--yes")
+        assert code == 0, out
+        log = h.log()
+        assert "cuda-keyring_1.1-1_all.deb" in log and "install -y cuda-compat-13-2" in log
+        assert log.index("cuda-keyring") < log.index("install -y cuda-compat-13-2")
+        assert "nvidia-driver" not in log  # the driver branch is kept
+        assert f"smoke-env LD_LIBRARY_PATH={COMPAT} HF_HOME=/data/hf" in out
+        assert h.sh(f"test -e {COMPAT}/libcuda.so.1")[0] == 0
+        activate = '. /opt/envbuild/venv/bin/activate && printf %s "$LD_LIBRARY_PATH"'
+        assert h.sh(f"env -u LD_LIBRARY_PATH bash -c '{activate}'")[1] == COMPAT
+        assert h.sh(f"LD_LIBRARY_PATH=/opt/x bash -c '{activate}'")[1] == f"{COMPAT}:/opt/x"
+        assert h.sh(f"env -u LD_LIBRARY_PATH bash -lc '{activate}'")[1] == COMPAT  # profile.d, then activate
+        login = "env -u LD_LIBRARY_PATH sh -lc 'printf %s \"$LD_LIBRARY_PATH|$HF_HOME\"'"
+        assert h.sh(login)[1] == f"{COMPAT}|/data/hf"
+        h.sh(": > /stub-state/log")
+        before = h.snapshot()
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0 and "nothing to change" in out, out
+        assert h.snapshot() == before and "apt-get" not in h.log() and "curl" not in h.log()
+
+
+def test_forward_compat_refuses_another_branch_and_a_geforce(
+        docker_client: Any, forward_rendered: dict[str, bytes], tmp_path: Path) -> None:
+    """docs/faults.md P2: a loaded driver of another branch than the stack was resolved for (even
+    with --skip-driver or --replace-driver), or a GeForce GPU: exit 9, one error line, nothing changed."""
+    with forward_host(docker_client, forward_rendered, tmp_path) as h:
+        before = h.snapshot()
+        for driver, names, options, message in (
+                ("580.95.05", "NVIDIA B200", (), "driver 580.95.05 is branch 580; this stack runs CUDA 13.2 "
+                 "through forward compatibility (cuda-compat-13-2) resolved for branch 570"),
+                ("580.95.05", "NVIDIA B200", ("--skip-driver",), "driver 580.95.05 is branch 580"),
+                ("535.104.05", "NVIDIA B200", ("--replace-driver",), "driver 535.104.05 is branch 535"),
+                ("570.124.06", "NVIDIA GeForce RTX 4090", (), "NVIDIA GeForce RTX 4090 is not a datacenter "
+                 "GPU: forward compatibility (cuda-compat-13-2) runs on datacenter GPUs only")):
+            h.state(gpu="1", driver=driver)
+            h.sh(f"printf '%s\\n' '{names}' > /stub-state/gpu-names")
+            code, out = h.run("--yes", *options)
+            assert code == 9, out
+            assert message in out and out.count("error:") == 1, out
+        assert h.snapshot() == before
+        assert "apt-get" not in h.log() and "curl" not in h.log()

@@ -13,6 +13,14 @@ for Turing and later; Blackwell and Grace Hopper run only on the open modules. A
 flavour or branch can serve is a ``PreflightFailed`` (exit 9) naming why. Ubuntu's package for
 each: ``nvidia-driver-<branch>-open`` or ``nvidia-driver-<branch>``
 (https://packages.ubuntu.com/noble-updates/nvidia-driver-580, read 2026-11-24).
+
+A forward-compatibility stack (``compat: forward``) was resolved for one driver branch: NVIDIA's
+``cuda-compat`` packages each support a listed set of older branches and are not supported on
+later ones (matrices/cuda_compat.yaml, from
+https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html, read 2026-11-21 and
+2026-11-24), and forward compatibility runs on datacenter GPUs only (other GeForce/RTX parts fail
+with CUDA error 804, same page). So its branch is the stack's own, never a newer one, and a
+``--driver`` of another branch or a GPU that is not a datacenter part is a ``PreflightFailed``.
 """
 
 from __future__ import annotations
@@ -66,15 +74,36 @@ def _supports(gpu: GpuTarget, branch: int) -> bool:
     return (gpu.min_driver_branch or 0) <= branch <= (gpu.last_driver_branch or branch)
 
 
+def _forward(floor: int, gpus: Sequence[GpuTarget], driver_branch: int | None) -> None:
+    """What a forward-compatibility stack, resolved for branch ``floor``, cannot run on."""
+    if driver_branch is not None and driver_branch != floor:
+        raise PreflightFailed(f"the stack runs its CUDA through forward compatibility resolved for "
+                              f"driver branch {floor}; --driver {driver_branch} is another branch",
+                              hint=f"resolve again with --driver {driver_branch} (its own stacks), "
+                                   f"or render for --driver {floor}")
+    for gpu in gpus:
+        if not gpu.datacenter:
+            raise PreflightFailed(f"{gpu.label} is not a datacenter GPU: forward compatibility "
+                                  "(cuda-compat) runs on datacenter GPUs only (CUDA error 804)",
+                                  hint="resolve for this GPU (a stack its driver runs natively), or "
+                                       "pass --datacenter with --arch for a datacenter part")
+
+
 def choose(min_driver: str | None, branches: Sequence[Row], gpus: Sequence[GpuTarget],
-           driver_branch: int | None) -> tuple[str, str, str]:
-    """(branch, flavour, why) for a stack whose driver floor is ``min_driver``."""
+           driver_branch: int | None, *, forward: bool = False) -> tuple[str, str, str]:
+    """(branch, flavour, why) for a stack whose driver floor is ``min_driver``; ``forward``:
+    the stack runs through forward compatibility, on exactly the branch of ``min_driver``."""
     if not min_driver:
         return "", "", "a CPU stack: no driver"
     floor = int(min_driver.split(".")[0])
     names = ", ".join(g.label for g in gpus)
+    if forward:
+        _forward(floor, gpus, driver_branch)
+        driver_branch = floor
     if driver_branch is not None:
         branch, why = driver_branch, f"the branch given (--driver {driver_branch})"
+        if forward:
+            why = f"the branch the stack's forward compatibility was resolved for ({branch}), kept"
         if branch < floor:
             raise PreflightFailed(f"driver branch {branch} is older than {floor}, the oldest that "
                                   f"runs CUDA of this stack (needs >= {min_driver})",
@@ -110,8 +139,8 @@ def choose(min_driver: str | None, branches: Sequence[Row], gpus: Sequence[GpuTa
 
 def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Sequence[Row],
                gpus: Sequence[GpuTarget] = (), driver_branch: int | None = None, *,
-               nvswitch: bool = False, runtime: str = "docker") -> HostSetup:
-    branch, modules, why = choose(min_driver, branches, gpus, driver_branch)
+               nvswitch: bool = False, runtime: str = "docker", forward: bool = False) -> HostSetup:
+    branch, modules, why = choose(min_driver, branches, gpus, driver_branch, forward=forward)
     if not branch:
         runtime = "none"  # a CPU stack: no GPU to hand to containers
     toolkit = None

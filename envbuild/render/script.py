@@ -39,13 +39,21 @@ def check_scriptable(lock: Lock) -> None:
                          "a host has no base image",
                          hint="re-create the lock with --python-url and --python-sha256, or choose "
                               f"Ubuntu {s.ubuntu}'s --python")
-    if s.compat == "forward":
-        # Forward compatibility means the cuda-compat libraries inside a container; on a host
-        # the script installs a driver that runs the CUDA release instead.
-        raise UsageError(f"the stack runs CUDA {s.cuda} through forward compatibility, which a host "
-                         "script does not set up",
-                         hint="resolve without --driver (the script installs a new enough driver) "
-                              "or with a driver that runs it natively")
+
+
+def compat_facts(lock: Lock) -> tuple[str, str]:
+    """(package, library directory) of NVIDIA's forward-compatibility package for a ``forward``
+    stack, else ("", ""). NVIDIA names it cuda-compat-<major>-<minor> in its network repository,
+    after the CUDA release it brings, and installs it into the versioned toolkit directory,
+    /usr/local/cuda-<major>.<minor>/compat; the loader must be pointed there (LD_LIBRARY_PATH or
+    ld.so.conf), which the package does not do
+    (https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html, "Installing the
+    CUDA Forward Compatibility Package", read 2026-11-21 and 2026-11-24; matrices/cuda_compat.yaml)."""
+    s = lock.stack
+    if s.compat != "forward" or not s.cuda:
+        return "", ""
+    release = major_minor(s.cuda)
+    return f"cuda-compat-{release.replace('.', '-')}", f"/usr/local/cuda-{release}/compat"
 
 
 def _word(value: str) -> str:
@@ -75,6 +83,10 @@ def facts(lock: Lock, host: HostSetup) -> list[tuple[str, str]]:
         # NVIDIA's per-release toolkit metapackage, cuda-toolkit-<major>-<minor>.
         ("TOOLKIT_PACKAGE", f"cuda-toolkit-{major_minor(s.cuda).replace('.', '-')}" if s.cuda else ""),
     ]
+    # Forward compatibility (compat_facts): the package installed, and the directory put first
+    # on LD_LIBRARY_PATH for the venv, login shells and the smoke test; both empty otherwise.
+    package, directory = compat_facts(lock)
+    values += [("COMPAT_PACKAGE", package), ("COMPAT_DIR", directory)]
     values += [("NVSWITCH_FORCED", "1" if host.nvswitch else "0"),
                ("DEFAULT_RUNTIME", host.runtime)]
     # The NVIDIA Container Toolkit pin (matrices/container_toolkit.yaml); empty: rendered without one.

@@ -6,6 +6,8 @@
 #   NVSwitch: fabric manager of the driver's exact version -> optional CUDA toolkit -> NVIDIA
 #   Container Toolkit, runtime configured, CDI spec -> the lock's --env pairs in /etc/profile.d -> Python and a venv with the pinned torch ->
 #   the smoke test (then a GPU container when Docker is here, and dcgmi diag when DCGM is).
+# A forward-compatibility stack keeps the driver branch it was resolved for, adds NVIDIA's cuda-compat
+#   package and puts its directory first on LD_LIBRARY_PATH (venv activate, /etc/profile.d, smoke test).
 # Idempotent: every step first checks whether it is already done, so a second run changes nothing.
 # Driver branch: the branch given (--driver 470).
 #
@@ -24,6 +26,8 @@ readonly MIN_BRANCH=450
 readonly DRIVER_BRANCH=470
 readonly DRIVER_MODULES=proprietary
 readonly TOOLKIT_PACKAGE=cuda-toolkit-11-8
+readonly COMPAT_PACKAGE=''
+readonly COMPAT_DIR=''
 readonly NVSWITCH_FORCED=0
 readonly DEFAULT_RUNTIME=docker
 readonly CTK_VERSION=1.20.0-1
@@ -191,6 +195,8 @@ parse_args() {
     [[ $BRANCH_WANTED =~ ^[0-9]{3}$ ]] || die 2 "--driver-branch must be a driver branch such as $DRIVER_BRANCH"
     ((BRANCH_WANTED >= MIN_BRANCH)) \
       || die 2 "--driver-branch $BRANCH_WANTED is older than $MIN_BRANCH, the oldest that runs CUDA $CUDA_VERSION"
+    [[ -z $COMPAT_PACKAGE || $BRANCH_WANTED == "$DRIVER_BRANCH" ]] \
+      || die 2 "--driver-branch $BRANCH_WANTED: this stack runs CUDA $CUDA_VERSION through forward compatibility ($COMPAT_PACKAGE) resolved for branch $DRIVER_BRANCH; render the script for --driver $BRANCH_WANTED"
   fi
   # Ubuntu's metapackage of the open kernel modules is nvidia-driver-<branch>-open.
   DRIVER_PACKAGE=nvidia-driver-$BRANCH_WANTED
@@ -232,7 +238,7 @@ nvswitch_found() {
   ((NVSWITCH)) && return 0
   # NVSwitches on the PCI bus are NVIDIA bridges, class 0680 (A100's 10de:1af1, H100's 10de:22a3);
   # else eight GPUs of an HGX board's SXM parts, as the loaded driver names them.
-  lspci -n -d 10de: 2>/dev/null | grep -q ' 0680: ' && return 0
+  grep -q ' 0680: ' <<<"$(lspci -n -d 10de: 2>/dev/null || true)" && return 0
   (($(gpu_names | grep -Ec 'SXM|HBM3|^NVIDIA H200$|^NVIDIA B[23]00$' || true) >= 8))
 }
 
@@ -261,7 +267,9 @@ ctk_list_text() {
 has_nvidia_gpu() {
   if command -v lspci >/dev/null 2>&1; then
     # 10de: NVIDIA's PCI vendor id; classes 0300 (VGA) and 0302 (3D controller) are GPUs.
-    lspci -n -d 10de: 2>/dev/null | grep -Eq ' 030[02]: ' && return 0
+    # Read whole first: grep -q stops at its first match, and under pipefail an lspci still
+    # writing would then die of SIGPIPE and fail the pipe (a GPU found read as none).
+    grep -Eq ' 030[02]: ' <<<"$(lspci -n -d 10de: 2>/dev/null || true)" && return 0
     return 1
   fi
   local dev
@@ -310,6 +318,17 @@ env_file_text() { # the --env pairs as POSIX sh: each value in single quotes, a 
     value=$(printf '%s' "${pair#*=}" | sed "s/'/'\\\\''/g")
     printf "export %s='%s'\n" "${pair%%=*}" "$value"
   done
+  [[ -z $COMPAT_DIR ]] || printf '%s\n%s\n' "# Forward compatibility: $COMPAT_PACKAGE's libcuda first." "$(compat_path_line)"
+}
+
+compat_path_line() { # sh: $COMPAT_DIR first on LD_LIBRARY_PATH, once (for activate and profile.d)
+  # shellcheck disable=SC2016 # expanded by the shell that reads the line, not by this one
+  printf 'case ":${LD_LIBRARY_PATH:-}:" in *":%s:"*) ;; *) export LD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac\n' \
+    "$COMPAT_DIR" "$COMPAT_DIR"
+}
+
+activate_has_compat() { # the venv's activate script already puts $COMPAT_DIR first
+  grep -qxF "$(compat_path_line)" "$VENV/bin/activate" 2>/dev/null
 }
 
 uu_blacklist_text() { # the apt configuration keeping unattended-upgrades off the held NVIDIA packages
@@ -437,6 +456,7 @@ preflight_driver() {
     fi
     die 9 "nvidia-smi fails although a driver package is installed; check 'nvidia-smi' and dmesg"
   fi
+  [[ -z $COMPAT_PACKAGE ]] || preflight_forward
   if [[ -n $DRIVER_NOW ]] && dpkg --compare-versions "$DRIVER_NOW" ge "$MIN_DRIVER"; then
     return 0
   fi
@@ -455,6 +475,21 @@ preflight_driver() {
       "a MOK key (mokutil --import), then run with --skip-driver"
   fi
   INSTALL_DRIVER=1
+}
+
+# Forward compatibility runs on NVIDIA's datacenter GPUs (and select NGC Server Ready RTX SKUs and
+# Jetson); other GeForce/RTX GPUs fail with CUDA error 804. Each cuda-compat package supports a
+# listed set of older driver branches and none newer, so the loaded driver must be the branch the
+# stack was resolved for, even with --skip-driver
+# (https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html, read 2026-11-24).
+preflight_forward() {
+  local name
+  if [[ -n $DRIVER_NOW && ${DRIVER_NOW%%.*} != "$DRIVER_BRANCH" ]]; then
+    die 9 "driver $DRIVER_NOW is branch ${DRIVER_NOW%%.*}; this stack runs CUDA $CUDA_VERSION through forward" \
+      "compatibility ($COMPAT_PACKAGE) resolved for branch $DRIVER_BRANCH - render the script for --driver $DRIVER_NOW"
+  fi
+  name=$(gpu_names | grep -m 1 GeForce || true)
+  [[ -z $name ]] || die 9 "$name is not a datacenter GPU: forward compatibility ($COMPAT_PACKAGE) runs on datacenter GPUs only (CUDA error 804) - render the script for this GPU"
 }
 
 wait_for_dpkg() {
@@ -486,8 +521,16 @@ plan() {
     NEED_NVIDIA_REPO=1
     ((${#OLD_DRIVERS[@]} == 0)) || PLAN+=("unhold and purge ${OLD_DRIVERS[*]}")
     PLAN+=("install $DRIVER_PACKAGE and linux-headers-$(uname -r) (driver now: ${DRIVER_NOW:-none}, needed: >= $MIN_DRIVER) and hold the driver")
+  elif [[ -n $COMPAT_PACKAGE && -n $DRIVER_NOW ]]; then
+    log "driver $DRIVER_NOW runs CUDA $CUDA_VERSION through forward compatibility ($COMPAT_PACKAGE): unchanged"
   elif [[ -n $MIN_DRIVER && -n $DRIVER_NOW ]]; then
     log "driver $DRIVER_NOW runs CUDA $CUDA_VERSION (needs >= $MIN_DRIVER): unchanged"
+  fi
+  COMPAT=0
+  if [[ -n $COMPAT_PACKAGE ]] && ! installed "$COMPAT_PACKAGE"; then
+    COMPAT=1
+    NEED_NVIDIA_REPO=1
+    PLAN+=("install $COMPAT_PACKAGE (forward compatibility: CUDA $CUDA_VERSION on driver branch $DRIVER_BRANCH; its libcuda in $COMPAT_DIR)")
   fi
   ENABLE_PERSISTENCED=0
   if [[ -n $MIN_DRIVER ]] && { ((INSTALL_DRIVER)) || [[ -n $DRIVER_NOW ]]; }; then
@@ -515,10 +558,13 @@ plan() {
     fi
   fi
   WRITE_ENV=0
-  if ((${#ENV_PAIRS[@]} > 0)) && differs "$ENV_FILE" "$(env_file_text)"$'\n'; then
+  if [[ ${#ENV_PAIRS[@]} -gt 0 || -n $COMPAT_DIR ]] && differs "$ENV_FILE" "$(env_file_text)"$'\n'; then
     WRITE_ENV=1
-    PLAN+=("export the lock's --env pairs in $ENV_FILE")
-  elif ((${#ENV_PAIRS[@]} == 0)) && [[ -e $ENV_FILE ]]; then
+    if ((${#ENV_PAIRS[@]} > 0)); then
+      PLAN+=("export the lock's --env pairs in $ENV_FILE")
+    fi
+    [[ -z $COMPAT_DIR ]] || PLAN+=("put $COMPAT_DIR first on LD_LIBRARY_PATH in $ENV_FILE")
+  elif [[ ${#ENV_PAIRS[@]} -eq 0 && -z $COMPAT_DIR && -e $ENV_FILE ]]; then
     WRITE_ENV=1
     PLAN+=("remove $ENV_FILE (the lock sets no --env)")
   fi
@@ -563,6 +609,11 @@ plan() {
   for package in "${APT_EXTRA[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
   ((${#APT_NEEDED[@]} == 0)) || PLAN=("apt-get install ${APT_NEEDED[*]}" "${PLAN[@]}")
   venv_ready || PLAN+=("create the venv $VENV (Python $PYTHON_VERSION, $PYTHON_PROVISION)")
+  COMPAT_ACTIVATE=0
+  if [[ -n $COMPAT_DIR ]] && ! { venv_ready && activate_has_compat; }; then
+    COMPAT_ACTIVATE=1
+    PLAN+=("put $COMPAT_DIR first on LD_LIBRARY_PATH in $VENV/bin/activate")
+  fi
   pins_satisfied || PLAN+=("pip install ${TORCH_PINS[*]} ${PIP_EXTRA[*]} into $VENV")
   local name
   for name in envbuild.lock smoke.py; do
@@ -813,6 +864,15 @@ install_ctk() {
   apt-mark hold "${CTK_PACKAGES[@]}" >/dev/null
 }
 
+install_compat() { # NVIDIA's package, from its network repository (the keyring step added it)
+  apt_install "$COMPAT_PACKAGE"
+  [[ -d $COMPAT_DIR ]] || die 1 "$COMPAT_PACKAGE is installed but $COMPAT_DIR is missing; check: dpkg -L $COMPAT_PACKAGE"
+}
+
+compat_activate() { # appended: the venv's activate script sources it on every activation
+  compat_path_line >>"$VENV/bin/activate"
+}
+
 configure_runtime() {
   nvidia-ctk runtime configure --runtime="$RUNTIME"
   systemctl restart "$RUNTIME"
@@ -855,14 +915,16 @@ apply() {
   ((!CTK)) || step "the NVIDIA Container Toolkit" install_ctk
   ((!CONFIGURE_RUNTIME)) || step "the $RUNTIME runtime" configure_runtime
   ((!CDI)) || step "the CDI spec" nvidia-ctk cdi generate --output="$CDI_SPEC"
+  ((!COMPAT)) || step "the forward-compatibility package" install_compat
   if ((WRITE_ENV)); then
-    if ((${#ENV_PAIRS[@]} > 0)); then
+    if [[ ${#ENV_PAIRS[@]} -gt 0 || -n $COMPAT_DIR ]]; then
       write_atomic "$ENV_FILE" "$(env_file_text)"$'\n'
     else
       rm -f "$ENV_FILE"
     fi
   fi
   venv_ready || step "the Python venv" create_venv
+  ((!COMPAT_ACTIVATE)) || activate_has_compat || step "LD_LIBRARY_PATH in the venv" compat_activate
   pins_satisfied || step "the pinned packages" install_pins
   local name
   for name in envbuild.lock smoke.py; do
@@ -872,10 +934,21 @@ apply() {
   done
 }
 
+smoke_env() { # the --env pairs, then (forward compatibility) $COMPAT_DIR first on LD_LIBRARY_PATH
+  local pair base=${LD_LIBRARY_PATH:-}
+  for pair in "${ENV_PAIRS[@]}"; do
+    printf '%s\0' "$pair"
+    [[ $pair != LD_LIBRARY_PATH=* ]] || base=${pair#*=}
+  done
+  [[ -z $COMPAT_DIR ]] || printf '%s\0' "LD_LIBRARY_PATH=$COMPAT_DIR${base:+:$base}"
+}
+
 smoke() { # every check runs; the first failure's exit code is the script's
-  local rc=0 code=0 failed=()
+  local rc=0 code=0 failed=() envs=()
+  mapfile -d '' -t envs < <(smoke_env)
   log "smoke test: $VENV/bin/python $PREFIX/smoke.py --lock $PREFIX/envbuild.lock"
-  env "${ENV_PAIRS[@]}" "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
+  [[ -z $COMPAT_DIR ]] || log "forward compatibility: $COMPAT_DIR first on LD_LIBRARY_PATH"
+  env "${envs[@]}" "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
   ((rc == 0)) || failed+=("smoke.py (exit $rc)")
   if [[ $RUNTIME == docker && -n $MIN_DRIVER ]] && command -v docker >/dev/null 2>&1; then
     log "GPU container: docker run --rm --runtime=nvidia --gpus all $SMOKE_IMAGE nvidia-smi -L"
