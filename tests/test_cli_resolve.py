@@ -208,3 +208,37 @@ def test_a_gpu_driver_rejection_cites_the_driver_fact(capsys: pytest.CaptureFixt
     driver_rows = [r for r in body["rejected"] if r["constraint"] == "gpu-driver"]
     assert driver_rows
     assert all(r["source"].startswith(cited) for r in driver_rows)
+
+
+@pytest.mark.parametrize("flavor", ["runtime", "devel"])
+def test_forward_stacks_sit_on_a_cuda_image_whose_cuda_compat_runs_them(
+        flavor: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Forward compatibility is the image's cuda-compat libraries: plain Ubuntu has none, so a
+    forward stack's base is an nvidia/cuda image of the wheel's CUDA major, never newer than it."""
+    assert main(["resolve", "--driver", "570.124.06", "--gpu", "B200", "--flavor", flavor, "--json",
+                 "--top", "200"]) == 0
+    stacks = json.loads(capsys.readouterr().out)["stacks"]
+    forward = [s for s in stacks if s["compat"] == "forward"]
+    assert forward  # 13.x wheels on a 570 driver, a datacenter GPU
+    for stack in forward:
+        assert stack["base_image"].startswith("nvidia/cuda:"), stack
+        kind = "base" if flavor == "runtime" else "devel"
+        assert stack["base_image"].endswith(f"-{kind}-ubuntu{stack['ubuntu']}"), stack
+        base = tuple(int(p) for p in stack["base_cuda"].split(".")[:2])
+        wheel = tuple(int(p) for p in stack["cuda"].split(".")[:2])
+        assert base[0] == wheel[0] and base <= wheel, stack
+        if base < wheel:
+            assert any("minor-version compatibility" in note for note in stack["notes"]), stack
+
+
+def test_forward_stack_without_a_cuda_image_is_rejected_with_the_reason(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ubuntu 20.04 has no nvidia/cuda 13.x image: 13.x on a 570 driver is refused, not put on
+    plain Ubuntu (which has no cuda-compat), and the fix offered is a driver that runs it."""
+    code = main(["resolve", "--driver", "570.124.06", "--gpu", "B200", "--ubuntu", "20.04",
+                 "--cuda", "13.0"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert ("no nvidia/cuda 13.x base image for Ubuntu 20.04 in cuda_images.yaml: forward "
+            "compatibility needs the cuda-compat libraries such an image carries") in err
+    assert "upgrade the driver to >= 580.65.06" in err

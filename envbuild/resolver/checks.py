@@ -135,6 +135,13 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
     base = _base_on(usable, family, runtime, ask, ix)
     if base is None:
         where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu"
+        if runtime is not None and runtime.compat == "forward":
+            major = str(family.row["cuda"]).split(".")[0]
+            flavor = "base" if ask.flavor == "runtime" else "devel"
+            return Rejection(family=family.label, constraint="ubuntu", source=None,
+                             reason=f"no nvidia/cuda {major}.x {flavor} image for {where} in "
+                                    "cuda_images.yaml: forward compatibility needs the "
+                                    "cuda-compat libraries such an image carries")
         return Rejection(family=family.label, constraint="ubuntu", source=None,
                          reason=f"no nvidia/cuda {family.row['cuda']} devel image "
                                 f"for {where} in cuda_images.yaml")
@@ -160,7 +167,7 @@ def _base_on(usable: list[str], family: Family, runtime: Runtime | None, ask: Re
             flavors = ix.images.get((release, ubuntu))
             if flavors is not None and flavor in flavors:
                 return ubuntu, f"nvidia/cuda:{release}-{flavor}-ubuntu{ubuntu}", release
-    if ask.flavor == "runtime":
+    if ask.flavor == "runtime" and runtime.compat != "forward":  # plain Ubuntu has no cuda-compat
         built_for = {u for (cuda, u) in ix.images if cuda.startswith(f"{family.row['cuda']}.")}
         ubuntu = next((u for u in usable if u in built_for), usable[0])
         return ubuntu, f"ubuntu:{ubuntu}", None
@@ -199,6 +206,10 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
                      f"no PTX JIT of newer PTX; features needing a newer driver fail")
     if runtime and runtime.compat == "forward":
         notes.append("needs the cuda-compat package (forward compatibility, datacenter GPUs only)")
+        compat_cuda = ".".join(base_cuda.split(".")[:2]) if base_cuda else None
+        if compat_cuda is not None and compat_cuda != row["cuda"]:
+            notes.append(f"the image's cuda-compat is CUDA {compat_cuda}'s: CUDA "
+                         f"{row['cuda']} runs on it through minor-version compatibility")
     if runtime and base_cuda is None:
         notes.append("plain Ubuntu base: no nvidia/cuda base image is recorded for this CUDA "
                      "release; the wheels carry the CUDA libraries")
