@@ -9,6 +9,8 @@ nvidia-* wheels, plus a few small dependencies), locked with ``envbuild lock``:
                   same URLs one after another (as pip fetches), and 8 at a time (as uv does)
   cold build      seconds for ``envbuild build --no-cache`` of that lock, once per installer
                   the lock can name (uv, the default, and pip), side by side
+  install alone   seconds for uv to fetch and install the same files into a directory on this
+                  machine (cold cache, bytecode): no container, no layer, the floor of any build
   ratio           cold build / download alone (the faster of the two)           target <= 1.3
   rebuild         seconds to re-lock and rebuild after adding one dependency (after one plain
                   build of the first lock), and whether the torch layer came from the cache
@@ -125,6 +127,25 @@ def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
         return time.perf_counter() - start, len(urls), total
 
 
+def install_alone(context: Path, python: str) -> float:
+    """Seconds for uv to fetch and install the build's requirements files into a directory on
+    this machine, cold cache, bytecode compiled as the image's step does: no container, no
+    layer. What any builder adds comes on top of this, so its ratio is the floor of the build's."""
+    from envbuild.pylock.uv import find_uv
+
+    files = [context / "requirements" / name for name in ("torch.txt", "project.txt")
+             if (context / "requirements" / name).is_file()]
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-install-") as scratch:
+        start = time.perf_counter()
+        subprocess.run([find_uv(None), "pip", "install", "--quiet", "--no-config", "--no-deps",
+                        "--require-hashes", "--only-binary", ":all:", "--link-mode", "copy",
+                        "--compile-bytecode", "--python-version", python, "--python-platform",
+                        "x86_64-manylinux_2_28", "--target", f"{scratch}/site",
+                        "--cache-dir", f"{scratch}/cache", *[a for f in files for a in ("-r", str(f))]],
+                       check=True)
+        return time.perf_counter() - start
+
+
 def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any]]:
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag, "--report", "report.json",
             *extra]
@@ -160,6 +181,7 @@ def main() -> int:
             envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
             serial_s, files, size = download_alone(work / "ctx")
             parallel_s, _, _ = download_alone(work / "ctx", workers=8)
+            install_s = install_alone(work / "ctx", locked["stack"]["python"])
             for installer in installers:
                 envbuild("lock", "--installer", installer, cwd=work)
                 cold[installer] = build(work, f"envbuild-bench/locked:{installer}", "--no-cache",
@@ -192,6 +214,8 @@ def main() -> int:
     print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
     print(f"download alone  {serial_s:7.1f} s one after another, {parallel_s:.1f} s 8 at a time "
           f"({files} wheels, {size / 1e9:.2f} GB)")
+    print(f"install alone   {install_s:7.1f} s (uv into a directory here: no container, cold cache, "
+          f"bytecode)  ratio {install_s / fastest:.2f}x: the floor of any build on this machine")
     for installer, (seconds, report) in cold.items():
         ratio = seconds / fastest
         verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
