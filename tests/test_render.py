@@ -335,3 +335,27 @@ def test_stack_replace_keeps_structure(matrix: matrixmod.Matrix) -> None:
     lock = render.lock_for(stack, matrix, render.RenderOptions())
     again = render.lock_for(stack.replace(), matrix, render.RenderOptions())
     assert lock == again
+
+
+def test_a_template_variable_the_context_lacks_is_an_internal_error_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md A20: StrictUndefined turns a developer's missing variable into exit 1
+    (error[internal]), never an empty string in a Dockerfile, and the output directory is not made."""
+    from envbuild.commands.cli import main
+    from envbuild.render import docker as dockermod
+
+    real = dockermod.context
+
+    def lacking(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        values = dict(real(*args, **kwargs))
+        del values["python"]
+        return values
+
+    monkeypatch.setattr(dockermod, "context", lacking)
+    out = tmp_path / "ctx"
+    code = main(["render", "docker", "--variant", "cpu", "--torch", "==2.13.0", "--python", "3.11",
+                 "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "error[internal]" in err and "UndefinedError" in err and "'python' is undefined" in err
+    assert not out.exists()
