@@ -5,9 +5,10 @@ The container claims to be Ubuntu 22.04 through /etc/os-release; its python3 (3.
 python3-venv are real, and torch comes from a local index served inside the container (a
 placeholder wheel), so venv creation, pip pins and their idempotency are the real thing.
 Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs rebuild failed,
-the container toolkit's key is another, the NVSwitch fabric does not come up),
-9 (not root, unsupported OS, Secure Boot with the DKMS driver, an older driver without
---replace-driver, dpkg lock held), 10 (reboot required: a new driver, or nouveau blacklisted).
+the standalone Python tarball fails its sha256, the container toolkit's key is another, the
+NVSwitch fabric does not come up), 9 (not root, unsupported OS, Secure Boot with the DKMS driver,
+an older driver without --replace-driver, dpkg lock held), 10 (reboot required: a new driver, or
+nouveau blacklisted), 130 (interrupted by SIGINT or SIGTERM).
 The host setup around the stack (docs/faults.md M): open or proprietary kernel modules, kernel
 headers, nvidia-persistenced, the fabric manager on NVSwitch systems, the NVIDIA Container Toolkit
 with the runtime configured and a CDI spec, the GPU container and dcgmi diag in the smoke step.
