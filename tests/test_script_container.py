@@ -5,9 +5,10 @@ The container claims to be Ubuntu 22.04 through /etc/os-release; its python3 (3.
 python3-venv are real, and torch comes from a local index served inside the container (a
 placeholder wheel), so venv creation, pip pins and their idempotency are the real thing.
 Exit codes checked: 0 (done, nothing to change), 1 (a download or the initramfs rebuild failed,
-the container toolkit's key is another, the NVSwitch fabric does not come up),
-9 (not root, unsupported OS, Secure Boot with the DKMS driver, an older driver without
---replace-driver, dpkg lock held), 10 (reboot required: a new driver, or nouveau blacklisted).
+the standalone Python tarball fails its sha256, the container toolkit's key is another, the
+NVSwitch fabric does not come up), 9 (not root, unsupported OS, Secure Boot with the DKMS driver,
+an older driver without --replace-driver, dpkg lock held), 10 (reboot required: a new driver, or
+nouveau blacklisted), 130 (interrupted by SIGINT or SIGTERM).
 The host setup around the stack (docs/faults.md M): open or proprietary kernel modules, kernel
 headers, nvidia-persistenced, the fabric manager on NVSwitch systems, the NVIDIA Container Toolkit
 with the runtime configured and a CDI spec, the GPU container and dcgmi diag in the smoke step.
@@ -388,6 +389,119 @@ def test_download_failing_throughout_names_the_url_and_leaves_nothing(host: Host
     assert "stub half" not in host.sh("cat /tmp/*/* 2>/dev/null")[1]
     assert "apt-get install" not in host.log()
     assert host.snapshot() == before  # the half-written file and its directory are gone
+
+
+# --- D5: a download that fails its sha256 (the standalone Python tarball) ------------------------
+
+PYTHON_TARBALL = "files/cpython-3.11-install_only.tar.gz"  # below the loopback server's root
+PYTHON_URL = f"https://127.0.0.1:8765/{PYTHON_TARBALL}"  # the stub curl fetches it from that server
+
+
+def _standalone_tarball() -> bytes:
+    """An install_only tarball's shape (python/bin/python3) whose python3 is the container's own, so
+    that the venv it makes is real."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        data = b'#!/bin/sh\nexec /usr/bin/python3 "$@"\n'
+        info = tarfile.TarInfo("python/bin/python3")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_python_tarball_failing_its_sha256_installs_nothing_then_the_right_one_does(
+        docker_client: Any, rendered: dict[str, bytes], tmp_path: Path) -> None:
+    """D5: the tarball served is not the one the lock pins: the script stops non-zero at the check,
+    the tarball (in TEMP_PATHS) and its .part are gone, no Python, venv or package is installed;
+    served right, the same script installs from it and removes it."""
+    good = _standalone_tarball()
+    lock = lockmod.from_json(rendered["envbuild.lock"].decode())
+    lock = replace(lock, python_provision="standalone", python_standalone=lockmod.Standalone(
+        url=PYTHON_URL, sha256=hashlib.sha256(good).hexdigest()))
+    lockmod.check_lock(lock)
+    files = script.render_script(lock)
+    files = {**files, "install.sh": with_test_key(files["install.sh"])}
+    wheel_name, wheel = _wheel()
+    served = {f"simple/torch/{wheel_name}": wheel, PYTHON_TARBALL: good + b"tampered"}
+    with started_host(docker_client, files, served, tmp_path) as h:
+        ubuntu(h)
+        h.state(gpu="1", driver="550.54.15")  # the driver is kept: the venv is the first change seen
+        before = h.snapshot()
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 1, out
+        assert "computed checksum did NOT match" in out  # sha256sum -c's own report, then the ERR trap's
+        assert "error: line " in out and "failed (exit 1): sha256sum -c -" in out
+        assert f"curl -fsSL --proto =https --proto-redir =https --retry 3 --connect-timeout 30 -o " \
+               f"/opt/envbuild/python.tar.gz.part {PYTHON_URL}" in h.log()  # it was downloaded
+        assert h.sh("ls -A /opt/envbuild")[1] == ""  # no tarball, .part, python or venv
+        # The one change: the venv step's empty prefix directory.
+        assert h.snapshot().replace("/opt/envbuild d 755 4096\n", "") == before
+
+        h.sh(f"cp /index/{PYTHON_TARBALL} /stub-state/tampered && head -c {len(good)} "
+             f"/stub-state/tampered > /index/{PYTHON_TARBALL}")  # now the pinned bytes
+        code, out = h.run("--yes", "--no-smoke")
+        assert code == 0, out
+        installed = h.sh("ls -A /opt/envbuild")[1].split()
+        assert sorted(installed) == ["envbuild.lock", "python", "smoke.py", "venv"], out  # no tarball
+        version = h.sh("/opt/envbuild/venv/bin/python -c 'import torch; print(torch.__version__)'")[1]
+        assert version.strip() == TORCH
+
+
+# --- D15: interrupted mid-run ---------------------------------------------------------------------
+
+# Starts the script in a session of its own, as a terminal's foreground job is, and records its
+# process id, output and exit status under /stub-state (outside what the snapshot compares).
+LAUNCH = """import os, subprocess, sys
+with open("/stub-state/run.out", "wb") as out:
+    run = subprocess.Popen(sys.argv[1:], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open("/stub-state/run.pid.part", "w") as f:
+        f.write(str(run.pid))
+    os.rename("/stub-state/run.pid.part", "/stub-state/run.pid")
+    code = run.wait()
+with open("/stub-state/run.rc.part", "w") as f:
+    f.write(str(code))
+os.rename("/stub-state/run.rc.part", "/stub-state/run.rc")
+"""
+
+
+def wait_for(h: Host, path: str, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        code, text = h.sh(f"cat {path} 2>/dev/null")
+        if code == 0:
+            return text
+        time.sleep(0.2)
+    pytest.fail(f"{path} did not appear in {seconds}s; output so far:\n{h.sh('cat /stub-state/run.out')[1]}")
+
+
+@pytest.mark.parametrize("signal", ["INT", "TERM"])
+def test_interrupted_mid_run_exits_130_leaves_no_temporary_path_then_a_rerun_finishes(
+        host: Host, signal: str) -> None:
+    """D15: the signal reaches the script while a step blocks (the keyring package's install, its
+    download's directory in TEMP_PATHS): exit 130 with the one line, no temporary path left, nothing
+    else changed; run again, it completes."""
+    ubuntu(host)
+    host.state(gpu="1", **{"hang-install": "cuda-keyring"})
+    before = host.snapshot()
+    host.container.exec_run(["python3", "-c", LAUNCH, "bash", f"{SRC}/install.sh", "--yes", "--no-smoke"],
+                            detach=True, environment={"PATH": "/stubs:/usr/sbin:/usr/bin:/sbin:/bin"})
+    wait_for(host, "/stub-state/hanging")
+    pid = wait_for(host, "/stub-state/run.pid")
+    assert host.sh("ls -A /tmp")[1].strip(), "the download's directory should exist mid-run"
+    # Ctrl-C signals the terminal's whole foreground process group: the blocked step and the script.
+    host.sh(f"kill -{signal} -- -{pid}")
+    code = int(wait_for(host, "/stub-state/run.rc", seconds=30))
+    out = host.sh("cat /stub-state/run.out")[1]
+    assert code == 130, out
+    assert "envbuild-install: interrupted; run the script again to finish" in out
+    assert "error:" not in out, out  # the interrupt alone, not a failed step as well
+    assert host.sh("ls -A /tmp")[1] == ""
+    assert host.snapshot() == before  # the keyring was not installed; nothing half-done remains
+
+    host.sh("rm /stub-state/hang-install")
+    code, out = host.run("--yes", "--no-smoke")
+    assert code == 10 and "REBOOT REQUIRED" in out, out
+    assert "nvidia-driver-525" in host.sh("apt-mark showhold")[1].split()
 
 
 # --- D14: unattended-upgrades present ----------------------------------------------------------
