@@ -147,11 +147,8 @@ def test_closure_layers_installed_by_uv_keep_no_uv_and_cache_only_in_a_mount(cpu
             assert step.startswith("--mount=type=secret,id=ca")
             assert "--mount=type=cache,target=/root/.cache/uv" in step
             assert "UV_LINK_MODE=copy" in step and "uv pip install --no-config --python" in step
-            # the pip that fetches uv's wheel keeps it in its own mount: a rebuild fetches it once
-            assert "--mount=type=cache,target=/root/.cache/pip" in step and "--no-cache-dir" not in step
         else:
             assert "--mount" not in step and "uv pip install --no-config --no-cache --python" in step
-            assert "/opt/venv/bin/pip install --no-cache-dir --no-deps" in step
     assert "COPY requirements/installer.txt requirements/torch.txt /tmp/envbuild/" in dockerfile
 
 
