@@ -53,6 +53,16 @@ def envbuild(*args: str, cwd: Path) -> tuple[float, subprocess.CompletedProcess[
     return took, done
 
 
+def share_the_engine() -> None:
+    """Hold tests/conftest.py's engine lock shared for this process's life: a Docker test module
+    that ends meanwhile then leaves every image alone instead of removing the ones made while it
+    ran (this bench's layer cache among them)."""
+    import fcntl
+
+    fd = os.open(Path(tempfile.gettempdir()) / "envbuild-tests-docker.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # released when the process exits
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -163,6 +173,7 @@ def main() -> int:
     parser.add_argument("--builder", default="auto", choices=("auto", "classic", "buildah", "buildx"),
                         help="envbuild build --builder (auto: buildx, else the classic builder)")
     args = parser.parse_args()
+    share_the_engine()
     installers = args.installers.split(",")
     tags = [f"envbuild-bench/locked:{t}" for t in (*installers, "primed", "added")]
     cold: dict[str, tuple[float, dict[str, Any]]] = {}

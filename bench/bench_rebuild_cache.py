@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 from envbuild.project.toml import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lock_build import envbuild, push_base, start_registry
+from bench_lock_build import envbuild, push_base, share_the_engine, start_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -183,6 +183,7 @@ def main() -> int:
     for program in ("buildah", "docker"):
         if shutil.which(program) is None:
             sys.exit(f"bench_rebuild_cache: no {program} on PATH")
+    share_the_engine()
     first: dict[str, dict[str, Any]] = {}
     again: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-rebuild-") as scratch:

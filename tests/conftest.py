@@ -169,6 +169,7 @@ _ENGINE: list[Any] = []
 # Every test session that uses the engine holds this file shared; a module's clean-up removes
 # images only while it can hold it alone, so a second session (another checkout's tests) never
 # loses an image in the middle of a build.
+# The benches under bench/ that build hold it shared too (bench_lock_build.share_the_engine).
 _SESSIONS_LOCK = Path(tempfile.gettempdir()) / "envbuild-tests-docker.lock"
 
 
