@@ -250,12 +250,21 @@ def test_buildah_builds_on_a_base_pinned_by_digest_in_a_loopback_registry(
         buildah: BuildahBuilder, client: Any, base_image: str, loopback_registry: str) -> None:
     """A lock's base is ``name@sha256:…`` in a registry. buildah pulls it from there (plain HTTP
     for a loopback registry, digest checked), not from the Docker engine, which takes no digest."""
+    # A base of its own (a layer no other run has), so buildah cannot hold its digest already:
+    # buildah finds an image by digest under any name.
     repository = f"{loopback_registry}/envbuild/digest-base"
-    client.tag(base_image, repository, "base")
+    unique = io.BytesIO()
+    context_tar({"Dockerfile": f"FROM {base_image}\nRUN echo {os.urandom(8).hex()} > /unique\n".encode()},
+                unique)
+    unique.seek(0)
+    from envbuild.engine.build import SdkBuilder
+
+    SdkBuilder(client=client).build(unique, tag=f"{repository}:base", network="none", labels={},
+                                    progress=lambda e: None)
     for line in client.push(repository, "base", stream=True, decode=True):
         assert "error" not in line, line
     pinned = f"{repository}@{image_digest(f'{repository}:base', env={})}"
-    subprocess.run([*buildah.base(), "rmi", "-f", pinned], capture_output=True, check=False)
+    assert not buildah.has_image(pinned)
     context = io.BytesIO()
     context_tar({"Dockerfile": f"FROM {pinned}\nRUN echo on-the-pinned-base > /pinned\n".encode()},
                 context)
@@ -269,3 +278,4 @@ def test_buildah_builds_on_a_base_pinned_by_digest_in_a_loopback_registry(
         assert not any("from the Docker engine" in text for text in events)
     finally:
         subprocess.run([*buildah.base(), "rmi", "-f", tag, pinned], capture_output=True, check=False)
+        client.remove_image(f"{repository}:base", force=True)
