@@ -72,11 +72,11 @@ class Mirror(http.server.SimpleHTTPRequestHandler):
         super().end_headers()
 
     def do_GET(self) -> None:
-        name = self.path.rsplit("/", 1)[-1]
-        wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
         if not self.path.endswith(".whl"):
             super().do_GET()
             return
+        name = self.path.rsplit("/", 1)[-1]
+        wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
         data = Path(self.translate_path(self.path)).read_bytes()
         if wanted and (wanted[1] or wanted[2]):
             first = int(wanted[1]) if wanted[1] else max(len(data) - int(wanted[2]), 0)

@@ -310,7 +310,9 @@ class BuildahBuilder:
                                 text=True, env=dict(self.env), check=False)
         if pulled.returncode != 0:
             raise BuildFailed(f"cannot pull base image {ref} from its loopback registry",
-                              details=tuple(pulled.stderr.splitlines()[-LOG_TAIL:]))
+                              details=tuple(pulled.stderr.splitlines()[-LOG_TAIL:]),
+                              hint="start that registry (the lock pinned the base there), or lock "
+                                   "again against one that answers")
 
     def to_docker(self, tag: str, progress: Callable[[BuildEvent], None]) -> None:
         """``buildah push TAG docker-daemon:TAG``: the image in the Docker engine too."""

@@ -137,9 +137,8 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
         where = f"Ubuntu {ask.ubuntu}" if ask.ubuntu else "any Ubuntu"
         if runtime is not None and runtime.compat == "forward":
             major = str(family.row["cuda"]).split(".")[0]
-            flavor = "base" if ask.flavor == "runtime" else "devel"
             return Rejection(family=family.label, constraint="ubuntu", source=None,
-                             reason=f"no nvidia/cuda {major}.x {flavor} image for {where} in "
+                             reason=f"no nvidia/cuda {major}.x {_image_flavor(ask)} image for {where} in "
                                     "cuda_images.yaml: forward compatibility needs the "
                                     "cuda-compat libraries such an image carries")
         return Rejection(family=family.label, constraint="ubuntu", source=None,
@@ -156,12 +155,17 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
     return (*base, standalone)
 
 
+def _image_flavor(ask: Request) -> str:
+    """The nvidia/cuda image flavour a request's flavor takes: base (runtime) or devel."""
+    return "base" if ask.flavor == "runtime" else "devel"
+
+
 def _base_on(usable: list[str], family: Family, runtime: Runtime | None, ask: Request,
              ix: Index) -> Base | None:
     """The base image on one of ``usable`` (newest first); None: no devel image there."""
     if runtime is None:  # CPU wheel
         return usable[0], f"ubuntu:{usable[0]}", None
-    flavor = "base" if ask.flavor == "runtime" else "devel"
+    flavor = _image_flavor(ask)
     for release in runtime.base_releases:
         for ubuntu in usable:
             flavors = ix.images.get((release, ubuntu))

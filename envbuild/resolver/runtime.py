@@ -165,9 +165,7 @@ def _minor_or_forward(family: Family, ask: Request, ix: Index, releases: list[To
         # The base image's cuda-compat libraries are what run it: the family's own release
         # first, else an older one of the same major (the wheel's newer minor then runs on the
         # compat driver through minor-version compatibility).
-        own = {t.cuda for t in releases}
-        older = [t.cuda for t in ix.toolkits if t.major == major and t.cuda not in own
-                 and (t.minor, t.cuda) < (oldest.minor, oldest.cuda)]
+        older = [t.cuda for t in ix.toolkits if t.major == major and t.minor < oldest.minor]
         return Runtime("forward", [t.cuda for t in releases] + older, DriverVersion(driver.branch),
                        forward[1])
     if floor is not None:

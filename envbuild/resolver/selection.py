@@ -99,7 +99,7 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         cudnn=parse_requirement("cudnn", args.cudnn) if args.cudnn is not None else None,
         ubuntu=_ubuntu(args.ubuntu),
         variant=_variant(args.variant),
-        flavor=args.flavor or "runtime",
+        flavor=args.flavor,
         package_index=args.index_url or env.get("PIP_INDEX_URL") or None,
         cpu_host=cpu_host,
     )
