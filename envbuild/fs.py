@@ -15,11 +15,12 @@ current directory or one of its ancestors.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from envbuild.errors import UsageError
@@ -121,9 +122,9 @@ def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = T
         os.chmod(tmp, mode)  # mkstemp's 0600 is not what a reader of the output expects
         check_file_target(path)  # again: the slow write left time for the path to change
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        raise _naming(exc, path) from None
 
 
 def write_tree(files: Mapping[str, FileData], target: Path) -> None:
@@ -144,8 +145,10 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     except OSError as exc:
         raise UnwritableDirectory(exc.errno, exc.strerror, str(target.parent)) from None
+    current = target
     try:
         for name, data in files.items():
+            current = target / name
             dest = tmp / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(data, Path):
@@ -156,10 +159,11 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
         (tmp / MARKER).write_bytes(MARKER_TEXT)
         os.chmod(tmp / MARKER, FILE_MODE)
         os.chmod(tmp, DIR_MODE)  # mkdtemp's 0700 would surprise whoever builds from it
+        current = target
         _swap_in(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise _naming(exc, current) from None
 
 
 def _swap_in(tmp: Path, target: Path) -> None:
@@ -176,3 +180,116 @@ def _swap_in(tmp: Path, target: Path) -> None:
         os.replace(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_files(files: Mapping[Path, bytes]) -> None:
+    """Replace every file of ``files`` as one: afterwards all hold their new bytes, or (on any
+    failure: a full disk, a refused target, Ctrl-C, SIGTERM) all are as they were before,
+    files that did not exist gone again. What ``lock`` writes (the pylock files and the lock
+    that records their sha256) is such a set: a new pylock beside the old lock would break it.
+
+    Each new file is written and synced under a temporary name first, and each existing one
+    kept by a hard link (a copy where links are not possible); only then are the new files
+    renamed in, in the order given (callers put the file that names the others last). A
+    failure between two renames puts every kept file back, with the signals that end a
+    command (SIGINT, SIGTERM, SIGHUP) held until that is done. Only a SIGKILL or a crash
+    between the renames can leave a mix, which the lock's recorded sha256 then reveals."""
+    staged: list[_Staged] = []
+    current = Path()
+    try:
+        for path, data in files.items():
+            staged.append(_stage(Path(path), data))
+        for item in staged:
+            current = item.target
+            check_file_target(item.target)  # again: the slow writes left time for a path to change
+            os.replace(item.tmp, item.target)
+    except BaseException as exc:
+        with _signals_held():
+            for item in reversed(staged):
+                item.roll_back()
+        raise _naming(exc, current) from None
+    with _signals_held():
+        for item in staged:
+            item.discard_backup()
+
+
+class _Staged:
+    """One file of ``replace_files``: its new bytes under ``tmp``, its old ones (if any)
+    under ``backup``."""
+
+    def __init__(self, target: Path, tmp: Path) -> None:
+        self.target, self.tmp = target, tmp
+        self.tmp_inode = os.lstat(tmp).st_ino
+        self.backup: Path | None = None
+
+    def keep_old(self) -> None:
+        if not os.path.lexists(self.target):
+            return
+        backup = Path(f"{self.tmp}.old")
+        try:
+            os.link(self.target, backup)
+        except OSError:  # no hard links here: a copy keeps the old bytes as well
+            shutil.copy2(self.target, backup)
+        self.backup = backup
+
+    def roll_back(self) -> None:
+        """The target as it was: its kept bytes renamed back, or the new file removed."""
+        with contextlib.suppress(OSError):
+            if self.backup is not None:
+                os.replace(self.backup, self.target)  # a no-op (links to one file) if not yet renamed
+            elif os.lstat(self.target).st_ino == self.tmp_inode:
+                os.unlink(self.target)
+        self.discard_backup()
+        self.tmp.unlink(missing_ok=True)
+
+    def discard_backup(self) -> None:
+        if self.backup is not None:
+            self.backup.unlink(missing_ok=True)
+
+
+def _stage(path: Path, data: bytes) -> _Staged:
+    """``data`` written and synced beside ``path`` under a temporary name, 0644; the old file kept."""
+    check_file_target(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UnwritableDirectory(exc.errno, exc.strerror, str(path.parent)) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, FILE_MODE)
+        item = _Staged(path, Path(tmp))
+        item.keep_old()
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        Path(f"{tmp}.old").unlink(missing_ok=True)
+        raise _naming(exc, path) from None
+    return item
+
+
+def _naming(exc: BaseException, path: Path) -> BaseException:
+    """``exc``, an OSError that names no file (a full disk while writing) given ``path`` as
+    its file name, so that the one-line error says which file could not be written."""
+    if type(exc).__module__ != "builtins" or not isinstance(exc, OSError) or exc.filename is not None \
+            or exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP (delivered once the block ends) in the main thread."""
+    import signal
+    import threading
+
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -303,13 +303,15 @@ def _write(path: Path, lockset: LockSet, out: Out) -> None:
 
 
 def _write_files(path: Path, lock: bytes, beside: Mapping[str, bytes]) -> None:
-    """The files beside the lock first, the lock last: a lock never names a file not yet written."""
-    from envbuild.fs import UnwritableDirectory, write_file
+    """The lock and the pylock files beside it, as one (envbuild/fs.py ``replace_files``): all
+    new, or, whatever fails or interrupts the writing, all as they were. The lock is renamed
+    in last, so it never names a pylock not yet written."""
+    from envbuild.fs import UnwritableDirectory, replace_files
 
+    files = {path.parent / name: beside[name] for name in sorted(beside)}
+    files[path] = lock
     try:
-        for name in sorted(beside):
-            write_file(path.parent / name, beside[name])
-        write_file(path, lock)
+        replace_files(files)
     except UnwritableDirectory as exc:
         raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
 
