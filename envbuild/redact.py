@@ -23,12 +23,50 @@ _SECRET_QUERY = re.compile(
 )
 
 
+# An HTTP credential as a server may echo it: ``Bearer <token>``, ``Basic <base64>``.
+_AUTH_SCHEME = re.compile(r"(?P<scheme>\b(?:bearer|basic)\s+)(?P<value>[A-Za-z0-9._~+/=-]{8,})",
+                          re.IGNORECASE)
+# A JSON Web Token wherever it stands (registries hand them out as bearer tokens).
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+
+
 def redact(text: str) -> str:
-    """``text`` with every URL's userinfo and credential-bearing query values replaced by ``***``."""
-    if "://" not in text and "=" not in text:
+    """``text`` with every URL's userinfo, credential-bearing query values, ``Bearer``/``Basic``
+    credentials and JSON Web Tokens replaced by ``***``."""
+    lowered = text.lower()
+    if "://" not in text and "=" not in text and "bearer" not in lowered and "basic" not in lowered \
+            and "eyJ" not in text:
         return text
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _AUTH_SCHEME.sub(_mask_credential, text)
+    text = _JWT.sub(MASK, text)
     return _SECRET_QUERY.sub(lambda m: f"{m['key']}={MASK}" if m["value"] else m[0], text)
+
+
+def _mask_credential(match: re.Match[str]) -> str:
+    """A credential after Bearer/Basic is masked; a plain word ("Basic authentication") is not:
+    a token or base64 has a digit, a capital or a symbol."""
+    if re.search(r"[0-9A-Z+/=_.~-]", match["value"]) is None:
+        return match[0]
+    return f"{match['scheme']}{MASK}"
+
+
+SERVER_TEXT_LIMIT = 100
+# Terminal escape sequences: CSI (colours, cursor moves, screen clears), OSC (titles, links), and
+# the two-character ones.
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_]?)")
+# What else a terminal would act on or hide: controls, line breaks, bidirectional overrides.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def server_text(text: str, limit: int = SERVER_TEXT_LIMIT) -> str:
+    """Text a server sent (an HTTP reason phrase, an error body) as one error line may show it:
+    escape sequences removed, other control characters as spaces, whitespace collapsed,
+    credentials and tokens masked (before the cut, so no part of one is left), at most
+    ``limit`` characters (``…`` marks a cut)."""
+    text = " ".join(_CONTROL.sub(" ", _ESCAPE.sub("", text)).split())
+    text = redact(text)
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
 
 
 def redact_optional(text: str | None) -> str | None:

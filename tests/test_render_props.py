@@ -19,6 +19,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion
 from envbuild.errors import UsageError
+from envbuild.redact import has_credentials
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.resolver.model import Request, Stack
@@ -62,7 +63,9 @@ def structure(m: matrixmod.Matrix, stack: Stack, raw: dict[str, Any]) -> list[st
 _LOWER = string.ascii_lowercase + string.digits
 _name = st.text(_LOWER, min_size=1, max_size=12)
 _version = st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){0,2}", fullmatch=True)
-_env_value = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=40)
+# Valid: no controls, surrogates, line separators or noncharacters (Cn holds those), no credentials.
+_env_value = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Cn")), max_size=40) \
+    .filter(lambda v: not has_credentials(v))
 _apt = st.builds(lambda n, v: f"{n}{'+-.'[len(n) % 3]}x" + (f"={v}" if v else ""),
                  _name, st.none() | _version)
 _pip = st.builds(lambda n, v: f"pkg-{n}" + (f"=={v}" if v else ""), _name, st.none() | _version)

@@ -118,9 +118,13 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.print_block:
         out(text.rstrip("\n"))
         return 0
-    from envbuild.fs import write_file
+    from envbuild.fs import UnwritableDirectory, write_file
 
-    write_file(output, text.encode("utf-8"))
+    try:
+        write_file(output, text.encode("utf-8"))
+    except UnwritableDirectory as exc:  # a bad output path, as lock and render report it
+        raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}",
+                         hint="name another -o/--output") from None
     what = ", ".join(p for p in (f"driver {driver}" if driver else "",
                                  "GPUs " + ", ".join(gpus) if gpus else "",
                                  "archs " + ", ".join(archs) if archs else "") if p)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from envbuild.errors import BuildFailed, DataError, UsageError
-from envbuild.redact import redact
+from envbuild.redact import redact, server_text
 from envbuild.upstream.registry import (
     ACCEPT,
     DIGEST_RE,
@@ -48,12 +48,12 @@ def push_docker(client: Any, image: str, ref: str, progress: Callable[[str], Non
         client.tag(image, repository, tag)
         for event in client.push(repository, tag, stream=True, decode=True):
             if "error" in event:
-                raise BuildFailed(f"push of {redact(ref)} failed: {str(event['error']).strip()}")
+                raise BuildFailed(f"push of {redact(ref)} failed: {server_text(str(event['error']), 200)}")
             digest = (event.get("aux") or {}).get("Digest", digest)
             if event.get("status") and event.get("id"):
                 progress(f"{event['id']}: {event['status']}")
     except docker.errors.APIError as exc:
-        raise BuildFailed(f"push of {redact(ref)} failed: {exc}") from None
+        raise BuildFailed(f"push of {redact(ref)} failed: {server_text(str(exc), 200)}") from None
     if digest is None or not DIGEST_RE.fullmatch(str(digest)):
         raise BuildFailed(f"push of {redact(ref)} reported no digest")
     return str(digest)
@@ -72,11 +72,12 @@ def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None]) -> No
     try:
         for event in client.pull(repository, tag=digest, stream=True, decode=True):
             if "error" in event:
-                raise DataError(f"cannot pull {redact(ref)}: {str(event['error']).strip()}")
+                raise DataError(f"cannot pull {redact(ref)}: {server_text(str(event['error']), 200)}")
             if event.get("status") and event.get("id"):
                 progress(f"{event['id']}: {event['status']}")
     except docker.errors.APIError as exc:
-        raise DataError(f"cannot pull {redact(ref)}: {exc.explanation or exc}") from None
+        said = server_text(str(exc.explanation or exc), 200)
+        raise DataError(f"cannot pull {redact(ref)}: {said}") from None
 
 
 def _open(request: urllib.request.Request, env: Mapping[str, str]) -> Any:
@@ -114,7 +115,7 @@ def tag_digest(ref: str, tag: str, env: Mapping[str, str]) -> str:
         raise DataError(f"registry {parsed.registry} answered {exc.code} for {redact(exc.url)}",
                         hint="promote uses anonymous access") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise DataError(f"cannot reach registry {parsed.registry}: {exc}") from None
+        raise DataError(f"cannot reach registry {parsed.registry}: {server_text(str(exc), 200)}") from None
     if digest != parsed.digest:
         raise DataError(f"registry stored {redact(ref)} under {tag} as {digest}, not {parsed.digest}")
     return digest

@@ -311,17 +311,19 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     env_pairs = []
     for key, value in env.items():
         try:
-            from envbuild.render.lock import check_env_pair
+            from envbuild.render.lock import check_env
 
-            env_pairs.append(check_env_pair(f"{key}={value}", "env"))
+            env_pairs.append(check_env(key, value, "env"))  # the key alone: "A=x y" is no key
         except UsageError as exc:
             raise reader.fail(["env", key], exc.message, exc.hint) from None
     mirrors = reader.string_table("registry-mirrors")
     for host, url in mirrors.items():
         try:
             _check_mirror_host(host)
-            from envbuild.render.lock import check_url
+            from envbuild.render.lock import check_url, port_ok
 
+            if not port_ok(host.rpartition(":")[2] if ":" in host else None):
+                raise UsageError(f"invalid registry host {host!r}: a port from 1 to 65535")
             check_url(url, "registry-mirrors")
         except UsageError as exc:
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None

@@ -105,6 +105,12 @@ def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, g
 
 
 def _location(wheel: PylockFile, local_dir: str | None) -> str:
+    if wheel.url is not None and "@" in urlsplit(wheel.url).netloc:
+        # requirements/*.txt is part of the build context and of an image layer.
+        raise UsageError(f"pylock: the url of {wheel.filename!r} carries credentials (user:password@): "
+                         "they would be written into the build's requirements files",
+                         hint="lock against the index without credentials in its URL; the build "
+                              "gets them from pip's configuration or netrc")
     if not wheel.is_local:
         assert wheel.url is not None
         # A requirements line is the URL, then options: a space, a quote or a line break in it

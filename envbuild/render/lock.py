@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from typing import Any
 
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
+from envbuild.redact import has_credentials, redact
 from envbuild.resolver.model import PYTORCH_INDEX, Stack
 from envbuild.smoke.rules import is_arch, is_python_version, is_variant_selector
 
@@ -485,10 +487,24 @@ def _match(pattern: re.Pattern[str] | Callable[[str], bool], value: str, name: s
         raise UsageError(f"invalid {name} {value!r} in the lock")
 
 
+def load_json(text: str) -> Any:
+    """JSON as a lock is read: a key twice in one object is refused (ValueError), never
+    silently the last one (a reviewer reads the first, envbuild would use the second)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        twice = next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
+        raise ValueError(f"the key {twice[:40]!r} appears twice in one object")
+    return data
+
+
 def from_json(text: str) -> Lock:
     """Parse and validate a lock; any problem is a UsageError (exit 2)."""
     try:
-        data = json.loads(text)
+        data = load_json(text)
         if not isinstance(data, dict) or type(data.get("schema")) is not int \
                 or data["schema"] != SCHEMA:  # not true or 1.0, which compare equal to 1
             raise UsageError(f"not an envbuild lock of schema {SCHEMA}")
@@ -625,9 +641,12 @@ def read_lock(path: Path) -> Lock:
 
 # --- validators for user values: each raises UsageError naming the field ---------------
 
-# Control characters, line breaks, and lone surrogates (a JSON "\\ud800" escape, or an argv byte
-# that is not UTF-8), which no rendered file can be encoded with.
-_BAD_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ud800-\udfff]")
+# Control characters (C0, DEL and C1), line breaks, lone surrogates (a JSON "\\ud800" escape, or an
+# argv byte that is not UTF-8) and Unicode's noncharacters (U+FDD0..U+FDEF and the last two code
+# points of every plane, U+FFFF among them): no rendered file can carry them. YAML's printable set
+# has none of them (cloud-init rejects the user-data), TOML and a Dockerfile none of the controls.
+_NONCHARACTERS = "".join(chr(plane * 0x10000 + low) for plane in range(17) for low in (0xFFFE, 0xFFFF))
+_BAD_CHARS = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufdd0-\ufdef{_NONCHARACTERS}]")
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*" \
           r"(?::[0-9]{1,5})?/)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -653,20 +672,22 @@ RESERVED_USERS = frozenset((
     "src", "shadow", "utmp", "video", "sasl", "plugdev", "staff", "users", "nogroup",
 ))
 # No quotes, spaces, ';', '&', '$', backticks or '?': an URL lands in a shell command line.
-_URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%+=,/-]*)?", re.ASCII)
+_URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::(?P<port>[0-9]{1,5}))?(?:/[A-Za-z0-9._~%+=,/-]*)?",
+                     re.ASCII)
 
 
 def _printable(value: str, field: str) -> None:
     if _BAD_CHARS.search(value):
-        raise UsageError(f"invalid {field} {value!r}: control characters, line breaks and "
-                         "undecodable characters are not allowed")
+        raise UsageError(f"invalid {field} {value!r}: control characters, line breaks, "
+                         "undecodable characters and Unicode noncharacters are not allowed",
+                         hint="YAML, TOML, a shell script or a Dockerfile cannot carry them")
 
 
 def check_image_reference(value: str, field: str) -> str:
     """``[registry[:port]/]name[:tag][@sha256:<64 hex>]`` with a tag or a digest, never latest."""
     _printable(value, field)
     match = _IMAGE_RE.fullmatch(value)
-    if match is None or len(match.group("name")) > 255:
+    if match is None or len(match.group("name")) > 255 or not port_ok(_registry_port(match.group("name"))):
         raise UsageError(f"invalid image reference {value!r} ({field})",
                          hint="write [registry/]name:tag or name@sha256:<64 hex>, lowercase name")
     digest, tag = match.group("digest"), match.group("tag")
@@ -679,15 +700,29 @@ def check_image_reference(value: str, field: str) -> str:
     return value
 
 
+def _registry_port(name: str) -> str | None:
+    """The port of an image name's registry (``host:5000/name``), if it names one."""
+    first, slash, _ = name.partition("/")
+    return first.rpartition(":")[2] if slash and ":" in first else None
+
+
 def check_url(value: str, field: str) -> str:
     _printable(value, field)
     if "@" in value:
-        raise UsageError(f"invalid URL {value!r} ({field}): credentials would be baked into "
+        raise UsageError(f"invalid URL {redact(value)!r} ({field}): credentials would be baked into "
                          "the image", hint="give pip credentials through pip.conf or netrc")
-    if not _URL_RE.fullmatch(value):
+    match = _URL_RE.fullmatch(value)
+    if not match:
         raise UsageError(f"invalid URL {value!r} ({field})",
                          hint="http(s)://host[:port]/path without spaces, quotes or queries")
+    if not port_ok(match.group("port")):
+        raise UsageError(f"invalid URL {value!r} ({field}): a port from 1 to 65535")
     return value
+
+
+def port_ok(port: str | None) -> bool:
+    """A TCP port as a URL or an image reference writes it: none, or 1 to 65535."""
+    return port is None or 0 < int(port) <= 65535
 
 
 def check_sha256(value: str, field: str) -> str:
@@ -719,12 +754,54 @@ def check_pip_requirement(value: str, field: str) -> str:
 
 
 def check_env_pair(value: str, field: str) -> tuple[str, str]:
-    _printable(value, field)
+    """``--env KEY=VALUE`` split at its first '=' and checked as ``check_env`` checks it."""
     key, sep, val = value.partition("=")
-    if not sep or not _ENV_KEY_RE.fullmatch(key):
-        raise UsageError(f"invalid environment pair {value!r} ({field})",
-                         hint="KEY=VALUE with KEY matching [A-Za-z_][A-Za-z0-9_]*")
-    return key, val
+    if not sep:
+        _printable(key, field)
+        raise UsageError(f"invalid environment pair {value!r} ({field})", hint=_ENV_HINT)
+    return check_env(key, val, field)
+
+
+_ENV_HINT = "KEY=VALUE with KEY matching [A-Za-z_][A-Za-z0-9_]*"
+_ENV_SECRET_HINT = ("credentials come from the environment of the build or the host (pip.conf, "
+                    "netrc, a keyring, Docker's own configuration) when it runs, never from the "
+                    "lock: an env value is recorded in it and set as ENV in the image")
+
+
+def check_env(key: str, value: str, field: str) -> tuple[str, str]:
+    """One environment variable an image or host script sets. The key follows the strict
+    grammar (a project's ``"A=x y"`` must not become ``A``); nothing in the value that YAML,
+    TOML, a shell or a Dockerfile cannot carry; and no credentials (docs/env.md): not under a
+    name that says it holds a secret (``is_secret_name``), nor as a URL's ``user:password@``
+    or a token in its query. Neither the value nor the key is quoted in that refusal."""
+    _printable(key, f"{field} key")
+    if not _ENV_KEY_RE.fullmatch(key):
+        raise UsageError(f"invalid environment pair ({field}): the name {key!r} is not a variable name",
+                         hint=_ENV_HINT)
+    if is_secret_name(key):
+        raise UsageError(f"{field} {key}: the name says it holds a secret, which would be "
+                         "recorded in the lock and the image", hint=_ENV_SECRET_HINT)
+    if has_credentials(value):
+        raise UsageError(f"{field} {key}: the value carries credentials (a URL's user:password@ "
+                         "or a token in its query), which would be recorded in the lock and the "
+                         "image", hint=_ENV_SECRET_HINT)
+    _printable(value, f"{field} {key}")
+    return key, value
+
+
+# Words of a variable name (split at '_', any case) that say its value is a secret; a last word
+# KEY after another (API_KEY, ACCESS_KEY, SSH_KEY; not KEY alone) and words ending in TOKEN,
+# SECRET or PASSWORD (AUTHTOKEN, CLIENTSECRET) say so too. TOKENIZERS_PARALLELISM does not.
+SECRET_WORDS = frozenset({"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD",
+                          "PASS", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH",
+                          "APIKEY", "COOKIE", "NETRC"})
+
+
+def is_secret_name(key: str) -> bool:
+    """Whether an environment variable named ``key`` holds a secret by its name (docs/env.md)."""
+    words = [w for w in key.upper().split("_") if w]
+    return bool(words) and ((len(words) > 1 and words[-1] in ("KEY", "KEYS")) or any(
+        w in SECRET_WORDS or w.endswith(("TOKEN", "SECRET", "PASSWORD")) for w in words))
 
 
 def check_user_name(value: str, field: str) -> str:

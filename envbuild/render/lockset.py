@@ -106,7 +106,7 @@ def check_target_name(name: str, field: str = "target") -> str:
 def from_json(text: str) -> LockSet:
     """Parse and validate a lock file of schema 1 or 2; any problem is a UsageError (exit 2)."""
     try:
-        data = json.loads(text)
+        data = lockmod.load_json(text)
     except ValueError as exc:
         raise UsageError(f"invalid lock: {exc}", hint="re-create it with 'envbuild lock'") from None
     except RecursionError:

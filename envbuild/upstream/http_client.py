@@ -29,7 +29,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from envbuild import __version__
 from envbuild.errors import DataError
-from envbuild.redact import redact
+from envbuild.redact import redact, server_text
 from envbuild.upstream.pipconfig import tls_verify
 
 TYPE_CHECKING = False
@@ -310,6 +310,10 @@ class HttpClient:
         self, url: str, response: requests.Response, *, ranged: bool, deadline: _Deadline,
         allow: frozenset[int] = frozenset(),
     ) -> Reply:
+        if deadline.expired:
+            # The watchdog cut the headers short: what arrived is no reply (a 200 without its
+            # length, an empty body that reads as "not JSON").
+            raise _Retry("deadline passed")
         status = response.status_code
         if status in RETRY_STATUSES:
             raise _Retry(f"HTTP {status}", self._retry_after(url, response))
@@ -317,7 +321,7 @@ class HttpClient:
             body = b"" if status == 304 else self._read_body(url, response, deadline)
             return Reply(url=url, status=status, headers=CaseInsensitiveDict(response.headers), body=body)
         if not 200 <= status < 300:
-            raise DataError(f"HTTP {status} {response.reason} for {url}")
+            raise DataError(f"HTTP {status} {server_text(response.reason or '')} for {url}")
         if ranged and status == 200:
             # A server that ignores Range would send the whole wheel: hundreds of MB.
             raise DataError(
@@ -346,6 +350,8 @@ class HttpClient:
             if deadline.expired:
                 raise _Retry("deadline passed") from exc
             raise _Retry(f"connection cut while reading the body: {type(exc).__name__}: {exc}") from exc
+        if deadline.expired:  # a body without a length ends where the watchdog cut it
+            raise _Retry("deadline passed")
         return b"".join(chunks)
 
     def _retry_after(self, url: str, response: requests.Response) -> float | None:
