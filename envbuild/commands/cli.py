@@ -252,9 +252,9 @@ def _restore_handlers(previous: dict[int, Any]) -> None:
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
     if isinstance(exc, Terminated):
-        print(f"envbuild: terminated by {exc.name}", file=sys.stderr)
+        _say(f"envbuild: terminated by {exc.name}")
         return exc.exit_code
-    print("envbuild: interrupted", file=sys.stderr)
+    _say("envbuild: interrupted")
     return EXIT_INTERRUPTED
 
 
@@ -290,7 +290,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(exc.one_line(), file=sys.stderr)
+        _say(exc.one_line())
         _print_story(exc)
         return exc.exit_code
     except OSError as exc:
@@ -306,9 +306,9 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
 
         where = f" {exc.filename}" if exc.filename else ""
         verb = "access" if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO) else "write"
-        print(redact(f"envbuild: error[output]: cannot {verb}{where}: "
+        _say(redact(f"envbuild: error[output]: cannot {verb}{where}: "
                      f"{exc.strerror or type(exc).__name__} — free space or choose a writable "
-                     "directory; nothing was half-written"), file=sys.stderr)
+                     "directory; nothing was half-written"))
         return EXIT_OUTPUT
     except Exception as exc:  # a bug: one line unless --debug, never a silent failure
         return _internal(exc, debug)
@@ -320,8 +320,8 @@ def _internal(exc: BaseException, debug: bool) -> int:
         raise exc
     from envbuild.redact import redact
 
-    print(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
-                 "--debug and report it"), file=sys.stderr)
+    _say(redact(f"envbuild: error[internal]: {type(exc).__name__}: {exc} — rerun with "
+                 "--debug and report it"))
     return 1
 
 
@@ -359,19 +359,41 @@ def _print(*values: object, **options: Any) -> None:
         raise _OutputFailed(exc) from exc
 
 
+def _say(line: str) -> None:
+    """One line of the command's report on stderr. A reader that is gone (``2>&1 | head``)
+    changes nothing: the rest of the report goes nowhere, and the exit code is still the
+    command's own (3 for no compatible stack, not whatever the write's failure would make
+    of it), whenever the reader left."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _silence(sys.stderr)
+
+
+def _silence(stream: Any) -> None:
+    """Point ``stream``'s descriptor at /dev/null: its later writes and the interpreter's last
+    flush have nowhere left to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # no descriptor (a test's capture): nothing will flush it
+
+
 def _print_story(exc: EnvbuildError) -> None:
     """After the one line: the conflicts and verified ways out, pip-style."""
     from envbuild.redact import redact
 
     if isinstance(exc, NoCompatibleStack):
         if exc.conflicts:
-            print("The conflict is caused by:", file=sys.stderr)
+            _say("The conflict is caused by:")
             for line in exc.conflicts:
-                print(redact(f"  - {line}"), file=sys.stderr)
+                _say(redact(f"  - {line}"))
         if exc.fixes:
-            print("To fix this you could (each re-solved and shown to work):", file=sys.stderr)
+            _say("To fix this you could (each re-solved and shown to work):")
             for line in exc.fixes:
-                print(redact(f"  - {line}"), file=sys.stderr)
+                _say(redact(f"  - {line}"))
     elif exc.details and len(exc.details) > 1:
         for line in exc.details:
-            print(redact(f"  - {line}"), file=sys.stderr)
+            _say(redact(f"  - {line}"))

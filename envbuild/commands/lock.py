@@ -30,6 +30,7 @@ from envbuild.project.model import INSTALLER_CHOICES
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
+    from envbuild.pylock.uv import ClosureSpec
     from envbuild.render.lock import Lock
     from envbuild.render.lockset import LockSet
 
@@ -233,44 +234,72 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
-    from envbuild.pylock.uv import ClosureSpec, compile_closure, platform_glibc, platform_tag
-    from envbuild.render.lock import Installer, PylockRef, check_lock, distro_glibc, pins
+    from envbuild.pylock.uv import compile_closure, platform_tag
+    from envbuild.render.lock import Installer, PylockRef, check_lock
     from envbuild.render.lockset import pylock_name, sha256_text
-    from envbuild.upstream.pipconfig import index_url as configured_index
 
+
+    spec = replace(_spec(args, env, matrix, project, plan, lock),
+                   previous=None if old is None or old.pylock is None else old.pylock.text,
+                   upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
+                   offline=args.offline, installer=_installer_version(args, project, old))
+    closure = compile_closure(spec)
+    wheel = closure.installer
+    ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
+                    torch_layer=tuple(sorted(closure.torch_layer)),
+                    platform=platform_tag(spec.glibc), text=closure.pylock_text,
+                    installer=None if wheel is None else Installer(
+                        name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
+                    inputs_sha256=closure_inputs(spec))
+    locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
+                     layers=())
+    check_lock(locked)
+    return locked
+
+
+def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
+          plan: _Plan, lock: Lock) -> ClosureSpec:
+    """What a target's closure is resolved from, before the previous pins and the installer's
+    version: the same for ``lock`` and ``lock --check`` (which runs no uv)."""
+    from envbuild.pylock.uv import ClosureSpec, platform_glibc
+    from envbuild.render.lock import distro_glibc, pins
+    from envbuild.upstream.pipconfig import index_url as configured_index
 
     distro = distro_glibc(matrix, lock.stack.ubuntu)
     if distro is None:
         raise UsageError(f"no glibc recorded for Ubuntu {lock.stack.ubuntu} (matrices/ubuntu_python.yaml)")
-    glibc = platform_glibc(distro)
     user_index = project.index_url if project is not None and project.index_url else None
-    spec = ClosureSpec(
+    return ClosureSpec(
         torch_pins=pins(lock.stack, companions=lock.companions),
         torch_index=lock.index_url,
         dependencies=tuple(plan.dependencies),
         torch_constraints=tuple(plan.torch_constraints),
         python=lock.stack.python,
-        glibc=glibc,
+        glibc=platform_glibc(distro),
         default_index=user_index or configured_index(None, env),
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
-        previous=None if old is None or old.pylock is None else old.pylock.text,
-        upgrade=args.upgrade,
-        upgrade_packages=tuple(args.upgrade_package),
-        offline=args.offline,
-        installer=_installer_version(args, project, old),
+        installer=None if installer_choice(args, project) == "pip" else "uv",
         env=env,
     )
-    closure = compile_closure(spec)
-    wheel = closure.installer
-    ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
-                    torch_layer=tuple(sorted(closure.torch_layer)),
-                    platform=platform_tag(glibc), text=closure.pylock_text,
-                    installer=None if wheel is None else Installer(
-                        name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256))
-    locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
-                     layers=())
-    check_lock(locked)
-    return locked
+
+
+def closure_inputs(spec: ClosureSpec) -> str:
+    """sha256 of every input of a closure that changes the lock and is recorded nowhere else in
+    it: the requirements (the project's and ``--pip-package``), the torch pins and index, the
+    platform, the default index (PIP_INDEX_URL or pip's configuration; its credentials left
+    out), the find-links and the installer choice. The installer's version and the previous
+    pins are kept by ``lock`` itself, so they are no input."""
+    import hashlib
+    import json
+
+    from envbuild.redact import strip_credentials
+
+    data = {"torch_pins": dict(sorted(spec.torch_pins.items())), "torch_index": spec.torch_index,
+            "dependencies": list(spec.dependencies), "torch_constraints": list(spec.torch_constraints),
+            "python": spec.python, "glibc": spec.glibc, "find_links": list(spec.find_links),
+            "default_index": None if spec.default_index is None else strip_credentials(spec.default_index),
+            "installer": "pip" if spec.installer is None else "uv"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def installer_choice(args: argparse.Namespace, project: Project | None) -> str:
@@ -347,13 +376,32 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
             reasons.append(f"target {plan.name}: a stack-only lock (no closure)")
             continue
         now = _target_lock(args, env, matrix, plan)
-        reasons.extend(f"target {plan.name}: {r}"
-                       for r in _differences(locked, now, installer_choice(args, project)))
+        found = _differences(locked, now, installer_choice(args, project))
+        found += _closure_differences(locked, closure_inputs(_spec(args, env, matrix, project, plan, now)))
+        reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
                         hint="run 'envbuild lock' and commit the result")
     out(f"{path} is up to date ({len(lockset.targets)} target{'s' if len(lockset.targets) != 1 else ''})")
     return 0
+
+
+def _closure_differences(locked: Lock, inputs: str) -> list[str]:
+    """What changed since the closure was locked: its inputs (by their fingerprint), or the
+    lock's ``packages`` against its own pylock."""
+    from envbuild.pylock.files import read_pylock
+
+    assert locked.pylock is not None
+    found = []
+    if locked.pylock.inputs_sha256 is None:
+        found.append("the lock records no fingerprint of its closure's inputs (made by an older "
+                     "envbuild), so a change to them cannot be ruled out")
+    elif locked.pylock.inputs_sha256 != inputs:
+        found.append("the closure's inputs changed (--pip-package, --find-links, the index "
+                     "PIP_INDEX_URL or pip's configuration names, or the installer)")
+    if read_pylock(locked.pylock.text).versions() != dict(sorted(locked.packages.items())):
+        found.append(f"its packages disagree with {locked.pylock.file}")
+    return found
 
 
 def _differences(locked: Lock, now: Lock, installer: str) -> list[str]:

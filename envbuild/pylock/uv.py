@@ -347,6 +347,9 @@ def _too_slow(spec: ClosureSpec) -> DataError:
 
 
 _NOISE = re.compile(r"^(hint|help|note):", re.IGNORECASE)
+# uv's words for an index that wants other credentials (its hint, or the HTTP error itself).
+_AUTH_REFUSED = re.compile(r"(?:lack of valid authentication credentials|status client error) "
+                           r"\((?P<status>40[13] [A-Za-z ]+)\)")
 _NAME = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)(?=[=<>!~ ,*]|$)")
 
 
@@ -358,6 +361,12 @@ def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
         missing = next(line for line in lines if "not found in the cache" in line)
         return DataError(f"uv's cache cannot answer offline: {missing.removeprefix('cause:').strip()}",
                          hint="--offline uses uv's cache only: lock once with the network to fill it")
+    refused = next((m for m in map(_AUTH_REFUSED.search, lines) if m is not None), None)
+    if refused is not None:  # uv reports a package it may not read as one that does not exist
+        return DataError(f"the index refused uv's credentials ({refused['status']}): authentication "
+                         "failed, so the closure was not resolved",
+                         hint="check the user name and password or token the index gets (the "
+                              "environment's PIP_INDEX_URL, netrc, a keyring); the lock records none")
     if any("No solution found" in line for line in lines):
         return _conflict(lines, spec)
     errors = [line for line in lines if line.startswith("error:")]

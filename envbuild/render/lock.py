@@ -125,6 +125,11 @@ class PylockRef:
     torch_layer: tuple[str, ...]
     platform: str  # what the closure was resolved for: x86_64-manylinux_2_NN (NN: the Ubuntu's glibc)
     installer: Installer | None = None  # None: the image's own pip installs the layers
+    # sha256 of every input the closure was resolved from that the lock records nowhere else
+    # (the requirements given by flags, find-links, the default index, the installer choice:
+    # commands/lock.py ``closure_inputs``), so ``lock --check`` sees them change. None: a lock
+    # from before it was recorded, which --check reports as stale.
+    inputs_sha256: str | None = None
     text: str = field(default="", compare=False)  # the file's content when made or read
 
     def to_json(self) -> dict[str, Any]:
@@ -132,6 +137,8 @@ class PylockRef:
                                 "torch_layer": list(self.torch_layer), "platform": self.platform}
         if self.installer is not None:
             data["installer"] = self.installer.to_json()
+        if self.inputs_sha256 is not None:
+            data["inputs_sha256"] = self.inputs_sha256
         return data
 
     @property
@@ -451,6 +458,8 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
         raise UsageError(f"invalid pylock file name {ref.file!r} in the lock",
                          hint="pylock.toml or pylock.NAME.toml, beside the lock")
     check_sha256(ref.sha256, "pylock sha256")
+    if ref.inputs_sha256 is not None:
+        check_sha256(ref.inputs_sha256, "pylock inputs_sha256")
     if "torch" not in ref.torch_layer or not set(ref.torch_layer) <= set(packages) \
             or list(ref.torch_layer) != sorted(set(ref.torch_layer)):
         raise UsageError("invalid torch_layer in the lock: sorted names of the closure, torch among them",
@@ -589,12 +598,15 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
 
 def _pylock(raw: Any) -> PylockRef:
     if not isinstance(raw, dict) or not {"file", "sha256", "torch_layer", "platform"} <= set(raw) \
-            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer"}:
-        raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform (installer optional)")
+            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer", "inputs_sha256"}:
+        raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform "
+                         "(installer and inputs_sha256 optional)")
+    inputs = raw.get("inputs_sha256")
     return PylockRef(file=_str(raw["file"], "pylock file"), sha256=_str(raw["sha256"], "pylock sha256"),
                      torch_layer=tuple(_strings(raw["torch_layer"], "pylock torch_layer")),
                      platform=_str(raw["platform"], "pylock platform"),
-                     installer=_installer(raw["installer"]) if "installer" in raw else None)
+                     installer=_installer(raw["installer"]) if "installer" in raw else None,
+                     inputs_sha256=None if inputs is None else _str(inputs, "pylock inputs_sha256"))
 
 
 def _installer(raw: Any) -> Installer:
