@@ -1,6 +1,6 @@
 """Values a pull request can set that must not reach an output: credentials in `env` (docs/faults.md
-R3, R4), a pylock URL with userinfo (R5), a registry's raw reply (R6), characters YAML/TOML cannot
-carry (R7), env keys outside the grammar and ports above 65535 (R8)."""
+R2), a pylock URL with userinfo (R3), a registry's raw reply (R4), characters YAML/TOML cannot
+carry (R5), env keys outside the grammar (R6) and ports above 65535 (R7)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def project(directory: Path, env_table: str, extra: str = "") -> Path:
     return directory
 
 
-# --- R3, R4: credentials in env never reach the lock or a Dockerfile ENV ---------------------
+# --- R2: credentials in env never reach the lock or a Dockerfile ENV ---------------------
 
 
 @pytest.mark.parametrize("pair", [f"PIP_INDEX_URL={SECRET_URL}", "EXTRA=https://x.example/s?token=pw-s3cret",
@@ -93,7 +93,7 @@ def test_plain_values_still_pass() -> None:
     assert check_env("GREETING", "héllo wörld", "env") == ("GREETING", "héllo wörld")
 
 
-# --- R5: a pylock URL with userinfo never reaches requirements/*.txt ------------------------
+# --- R3: a pylock URL with userinfo never reaches requirements/*.txt ------------------------
 
 
 def test_a_pylock_url_with_userinfo_is_refused() -> None:
@@ -112,7 +112,7 @@ def test_a_pylock_url_with_userinfo_is_refused() -> None:
         "six @ https://files.example/")
 
 
-# --- R6: what a server says is sanitised before it is printed -------------------------------
+# --- R4: what a server says is sanitised before it is printed -------------------------------
 
 
 @contextlib.contextmanager
@@ -162,7 +162,7 @@ def test_server_text_cuts_after_masking() -> None:
     assert text.endswith("…") and "abcdefgh" not in text and len(text) <= 101
 
 
-# --- R7: characters the rendered formats cannot carry ----------------------------------------
+# --- R5: characters the rendered formats cannot carry ----------------------------------------
 
 
 @pytest.mark.parametrize("char", ["\u009b", "\u0085", "\uffff", "\ufffe", "\ufdd0", "\U0010ffff",
@@ -190,7 +190,7 @@ def test_ordinary_unicode_still_renders(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0, err
 
 
-# --- R8: env keys by the strict grammar, ports up to 65535 -----------------------------------
+# --- R6, R7: env keys by the strict grammar, ports up to 65535 -----------------------------------
 
 
 def test_an_env_key_with_equals_is_refused_not_split(tmp_path: Path, capsys: pytest.CaptureFixture[str],

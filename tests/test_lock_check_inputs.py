@@ -1,6 +1,6 @@
 """``lock --check`` covers every input that changes the lock (docs/faults.md R9): a fingerprint of the
 closure's inputs recorded per target, and the lock's packages against its pylock. A wrong index
-password is an authentication failure, not a conflict (R10)."""
+password is an authentication failure, not a conflict (R8)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_lock_without_a_fingerprint_is_stale_and_says_why(tmp_path: Path, inde
     assert run(capsys, env, "lock", "--check")[0] == 0
 
 
-# --- R10: the index refuses the credentials ---------------------------------------------------
+# --- R8: the index refuses the credentials ---------------------------------------------------
 
 
 @pytest.fixture()

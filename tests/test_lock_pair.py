@@ -1,4 +1,4 @@
-"""The lock and its pylock files are replaced as one (docs/faults.md R1, R2): a full disk, Ctrl-C
+"""The lock and its pylock files are replaced as one (docs/faults.md R1, R13): a full disk, Ctrl-C
 or SIGTERM between two renames puts the previous set back, and the message says what happened."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Failures reported for what they are (docs/faults.md R11–R15): a header phase cut by the deadline
+"""Failures reported for what they are (docs/faults.md R10–R14): a header phase cut by the deadline
 is a timeout, not "not JSON"; a key twice in a lock is refused; init's unwritable directory is
 exit 2 like lock's and render's; a full disk names the file; a closed stderr leaves the exit code
 alone."""
@@ -32,7 +32,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def test_a_header_phase_cut_by_the_deadline_is_a_timeout() -> None:
-    """R11: the headers arrive, then trickle; the watchdog's cut must not read as a 200 with an
+    """R10: the headers arrive, then trickle; the watchdog's cut must not read as a 200 with an
     empty body (which the JSON API then called "not JSON")."""
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.pypi.simple.v1+json\r\n"
 
@@ -53,7 +53,7 @@ def test_a_header_phase_cut_by_the_deadline_is_a_timeout() -> None:
 @pytest.mark.parametrize("where", ["top", "nested"])
 def test_a_key_twice_in_the_lock_is_refused(where: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """R12: JSON lets the last of two equal keys win; a reviewer reads the first."""
+    """R11: JSON lets the last of two equal keys win; a reviewer reads the first."""
     lock = tmp_path / "envbuild.lock"
     assert run(capsys, "lock", "--stack-only", "--driver", "550", "-o", str(lock))[0] == 0
     text = lock.read_text()
@@ -71,7 +71,7 @@ def test_a_key_twice_in_the_lock_is_refused(where: str, tmp_path: Path,
 
 def test_init_in_an_unwritable_directory_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """R13: as lock and render report it (root ignores modes, so the read-only file system is
+    """R12: as lock and render report it (root ignores modes, so the read-only file system is
     simulated)."""
     def read_only(*args: object, **kwargs: object) -> str:
         raise OSError(errno.EROFS, "Read-only file system")
@@ -91,7 +91,7 @@ def test_init_in_an_unwritable_directory_is_exit_2(tmp_path: Path, capsys: pytes
 def test_a_full_disk_names_the_file(command: list[str], named: str, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """R14: the one line says which file could not be written."""
+    """R13: the one line says which file could not be written."""
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -107,7 +107,7 @@ def test_a_full_disk_names_the_file(command: list[str], named: str, tmp_path: Pa
 
 @pytest.mark.parametrize("reader", ["closed", "head -8"])
 def test_a_closed_stderr_keeps_the_exit_code(reader: str, tmp_path: Path) -> None:
-    """R15: `envbuild resolve --torch 9.9 2>&1 | head -8` exited 3 or 1, as the race between the
+    """R14: `envbuild resolve --torch 9.9 2>&1 | head -8` exited 3 or 1, as the race between the
     12-line report and head's exit went; now always 3, the command's own code."""
     argv = [sys.executable, "-m", "envbuild", "resolve", "--torch", "9.9"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path)}

@@ -32,7 +32,9 @@ Format (schema 1, JSON object, keys sorted):
   apt_packages, pip_packages, env, user   the extra render options
   pylock            optional: the whole closure. {"file": "pylock.toml" | "pylock.NAME.toml"
                     (beside the lock), "sha256": of that file, "torch_layer": [canonical names
-                    installed in the torch layer]}; ``packages`` then holds EVERY distribution
+                    installed in the torch layer], "inputs_sha256": the fingerprint of the
+                    closure's other inputs (``lock --check`` compares it; absent in locks made
+                    before it, which --check calls stale)}; ``packages`` then holds EVERY distribution
                     of the environment ({canonical name: version}) and ``pip_packages`` is empty
                     (the user's requirements are in the closure). Absent: a stack-only lock
                     (torch and its pins; pip resolves the rest at build time).
