@@ -49,7 +49,7 @@ from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageEr
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import check_index_hashes
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor
-from envbuild.redact import redact
+from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
 PROJECT_NAME = "envbuild-closure"
@@ -356,7 +356,8 @@ _NAME = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)(?=[=<>!~ ,*]|$)")
 def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
     """The error for a failed uv run: a conflict (NoCompatibleStack naming both sides) or a
     one-line DataError with uv's first error line and last cause."""
-    lines = [redact(" ".join(line.split())) for line in stderr.splitlines() if line.strip()]
+    # uv's lines may repeat what a server said (a reason phrase): sanitised like any server text.
+    lines = [server_text(line, 2000) for line in stderr.splitlines() if line.strip()]
     if spec.offline and any("not found in the cache" in line for line in lines):
         missing = next(line for line in lines if "not found in the cache" in line)
         return DataError(f"uv's cache cannot answer offline: {missing.removeprefix('cause:').strip()}",

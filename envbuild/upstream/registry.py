@@ -36,7 +36,7 @@ from types import MappingProxyType
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from envbuild.errors import DataError, UsageError
-from envbuild.redact import redact
+from envbuild.redact import redact, server_text
 from envbuild.upstream.http_client import HttpClient, HttpPolicy, Reply
 
 # Docker Hub: the name users write, the other names it goes by, and where its API answers.
@@ -311,7 +311,7 @@ class _Session:
         if not DIGEST_RE.fullmatch(digest):
             raise DataError(
                 f"{self.origin} answered for {self.reference} with a malformed digest "
-                f"{digest[:80]!r} (want sha256:<64 hex>)",
+                f"{server_text(digest, 80)!r} (want sha256:<64 hex>)",
                 hint=f"the registry or a proxy in between is broken; {OFFLINE_HINT}")
         return digest
 
