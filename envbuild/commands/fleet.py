@@ -41,6 +41,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", metavar="FILE", help="the images of a build report (build --push --json)")
     p.add_argument("--cpu-ok", action="store_true",
                    help="hand --cpu-ok to each node's smoke test; the GPU count is then not checked")
+    p.add_argument("--tier", type=int, choices=range(5), metavar="N",
+                   help="the smoke test's tiers 0..N on each node (default: its own, 2)")
     p.add_argument("--deadline", type=positive_int, default=DEFAULT_DEADLINE, metavar="S",
                    help=f"seconds for the whole run (default {DEFAULT_DEADLINE})")
 
@@ -59,11 +61,12 @@ def _plan(args: argparse.Namespace) -> tuple[Any, bytes]:
 
 
 def _files(args: argparse.Namespace) -> tuple[Any, dict[str, bytes]]:
+    from envbuild.fleet.plan import RunOptions
     from envbuild.fleet.verify import render_fleet
 
     targets, lock_bytes = _plan(args)
-    return targets, render_fleet(args.engine, targets, lock_bytes=lock_bytes, cpu_ok=args.cpu_ok,
-                                 deadline=args.deadline)
+    options = RunOptions(cpu_ok=args.cpu_ok, tier=args.tier, deadline=args.deadline)
+    return targets, render_fleet(args.engine, targets, options, lock_bytes=lock_bytes)
 
 
 def cmd_render(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

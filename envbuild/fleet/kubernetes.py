@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envbuild.errors import SchedulerUnavailable
-from envbuild.fleet.plan import FleetTarget
+from envbuild.fleet.plan import FleetTarget, RunOptions
 from envbuild.fleet.report import NODE_NAME_RE, NodeResult, node_result, sorted_nodes
 from envbuild.fleet.slurm import IMAGE_PYTHON
 
@@ -27,14 +27,12 @@ def job_name(target: FleetTarget) -> str:
     return JOB_PREFIX + target.name.replace("_", "-")
 
 
-def command(target: FleetTarget, *, cpu_ok: bool) -> list[str]:
+def command(target: FleetTarget, options: RunOptions) -> list[str]:
     argv = [IMAGE_PYTHON, "/opt/envbuild/smoke.py", "--lock", "/opt/envbuild/envbuild.lock", "--json"]
-    if cpu_ok:
-        return [*argv, "--cpu-ok"]
-    return [*argv, "--expect-gpus", str(target.gpus_per_node)] if target.gpus_per_node else argv
+    return [*argv, *options.smoke_args(target.gpus_per_node)]
 
 
-def render_target(target: FleetTarget, *, cpu_ok: bool, deadline: float) -> dict[str, bytes]:
+def render_target(target: FleetTarget, options: RunOptions) -> dict[str, bytes]:
     """``NAME.job.yaml`` for one target."""
     from envbuild.render.templates import environment
 
@@ -42,9 +40,9 @@ def render_target(target: FleetTarget, *, cpu_ok: bool, deadline: float) -> dict
     assert kube is not None and target.image is not None
     context = {
         "name": target.name, "job_name": job_name(target), "nodes": target.nodes,
-        "deadline": max(1, math.ceil(deadline)), "node_selector": list(kube.node_selector),
-        "image": target.image, "command": command(target, cpu_ok=cpu_ok),
-        "gpus": 0 if cpu_ok else (target.gpus_per_node or 0), "shm_size": "16Gi",
+        "deadline": max(1, math.ceil(options.deadline)), "node_selector": list(kube.node_selector),
+        "image": target.image, "command": command(target, options),
+        "gpus": 0 if options.cpu_ok else (target.gpus_per_node or 0), "shm_size": "16Gi",
     }
     text = environment().get_template("fleet/job.yaml.j2").render(context)
     return {f"{target.name}.job.yaml": text.encode()}

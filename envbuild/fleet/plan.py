@@ -27,6 +27,22 @@ _CONTAINER_LAUNCHERS = frozenset(LAUNCHERS) - {"host"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """How each node's smoke test runs: ``cpu_ok`` hands it --cpu-ok (and drops the GPU count),
+    ``tier`` its --tier (None: the smoke test's default), within ``deadline`` seconds."""
+
+    cpu_ok: bool = False
+    tier: int | None = None
+    deadline: float = 1800.0
+
+    def smoke_args(self, gpus_per_node: int | None) -> list[str]:
+        args = [] if self.tier is None else ["--tier", str(self.tier)]
+        if self.cpu_ok:
+            return [*args, "--cpu-ok"]
+        return [*args, "--expect-gpus", str(gpus_per_node)] if gpus_per_node else args
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetTarget:
     """One node type as the fleet checks it."""
 

@@ -129,8 +129,8 @@ def render_table(report: FleetReport) -> str:
             lines.append(f"  ! {target.why()}")
         for node in target.nodes:
             line = f"  {node.node:<24} {node.status.upper():<5}"
-            if node.status != "pass":
-                line += f" {node.check}: {node.message} — {node.hint}"
+            line += f" {node.message}" if node.status == "pass" else \
+                f" {node.check}: {node.message} — {node.hint}"
             lines.append(line)
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import SchedulerUnavailable
-from envbuild.fleet.plan import FleetTarget
+from envbuild.fleet.plan import FleetTarget, RunOptions
 from envbuild.fleet.report import NODE_NAME_RE, NodeResult, parse_node_report, sorted_nodes
 
 IMAGE_PYTHON = "/opt/venv/bin/python"  # the rendered image's venv (templates/Dockerfile.j2)
@@ -27,29 +27,22 @@ _FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
                        "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 
 
-def smoke_args(target: FleetTarget, *, cpu_ok: bool) -> str:
-    """The smoke test's options on a node: the GPU count, or --cpu-ok (then no count)."""
-    if cpu_ok:
-        return "--cpu-ok"
-    return f"--expect-gpus {target.gpus_per_node}" if target.gpus_per_node else ""
-
-
 def gres(target: FleetTarget) -> str:
     slurm = target.placement.slurm
     assert slurm is not None
     return f"{slurm.gres}:{target.gpus_per_node}" if target.gpus_per_node else ""
 
 
-def render_target(target: FleetTarget, *, cpu_ok: bool, deadline: float) -> dict[str, bytes]:
+def render_target(target: FleetTarget, options: RunOptions) -> dict[str, bytes]:
     """``NAME.sbatch`` and ``NAME.node.sh`` for one target."""
     from envbuild.render.templates import environment
 
     slurm = target.placement.slurm
     assert slurm is not None
-    args = smoke_args(target, cpu_ok=cpu_ok)
+    args = " ".join(options.smoke_args(target.gpus_per_node))
     context = {
         "name": target.name, "partition": slurm.partition, "nodes": target.nodes, "gres": gres(target),
-        "minutes": max(1, math.ceil(deadline / 60)), "launcher": slurm.launcher,
+        "minutes": max(1, math.ceil(options.deadline / 60)), "launcher": slurm.launcher,
         "image": target.image or "", "image_python": IMAGE_PYTHON, "shm_size": SHM_SIZE,
         "smoke_in_image": f"{IMAGE_SMOKE} {args}".strip(), "smoke_args": args,
         "host_python": shlex.quote(slurm.host_python),
@@ -85,18 +78,32 @@ class SlurmEngine:
                                   cwd=self.directory, timeout=timeout, check=False)
         except FileNotFoundError:
             raise SchedulerUnavailable(f"{argv[0]} not found", hint="run on a Slurm login node "
-                                       "(sbatch, squeue and sacct on PATH)") from None
+                                       "(sbatch, sinfo, squeue on PATH)") from None
         except subprocess.TimeoutExpired:
             raise SchedulerUnavailable(f"{argv[0]} did not answer in {timeout:g} s",
                                        hint="is slurmctld up? (scontrol ping)") from None
 
     def submit(self, target: FleetTarget) -> Submission:
+        slurm = target.placement.slurm
+        assert slurm is not None
+        have = self.partition_nodes(slurm.partition)
+        if have is not None and have < target.nodes:
+            return Submission(target=target, problem=f"target {target.name}: partition {slurm.partition} "
+                              f"has {have} node{'s' if have != 1 else ''}, the target declares {target.nodes}")
         done = self._run(["sbatch", "--parsable", f"{target.name}.sbatch"])
         job = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job.isdigit():
             why = _first_line(done.stderr) or f"sbatch exited {done.returncode}"
             return Submission(target=target, problem=f"target {target.name}: sbatch refused the job: {why}")
         return Submission(target=target, job=job)
+
+    def partition_nodes(self, partition: str) -> int | None:
+        """How many nodes the partition holds (sinfo), None when sinfo cannot say."""
+        done = self._run(["sinfo", "--noheader", "--partition", partition, "--format", "%D"])
+        counts = done.stdout.split()
+        if done.returncode != 0 or not all(c.isdigit() for c in counts):
+            return None
+        return sum(int(c) for c in counts)
 
     def finished(self, submission: Submission) -> bool:
         if not submission.job:
@@ -112,10 +119,16 @@ class SlurmEngine:
             self._run(["scancel", submission.job])
 
     def final_state(self, submission: Submission) -> str:
-        """sacct's state of the job ('' where accounting is not kept)."""
+        """The job's end: sacct's state, else (no accounting kept) scontrol's state and reason."""
         done = self._run(["sacct", "--noheader", "--allocations", "--jobs", submission.job,
-                          "--format", "State", "--parsable2"])
-        return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+                          "--format", "State,ExitCode", "--parsable2"])
+        if done.returncode == 0 and done.stdout.strip():
+            return " ".join(done.stdout.strip().splitlines()[0].split("|"))
+        shown = self._run(["scontrol", "show", "job", submission.job, "--oneliner"])
+        fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+        state = " ".join(v for v in (fields.get("JobState"), fields.get("Reason"), fields.get("ExitCode"))
+                         if v and v != "None")
+        return state[:200]
 
     def collect(self, submission: Submission) -> tuple[NodeResult, ...]:
         return read_reports(self.directory / "reports" / submission.target.name)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from envbuild.fleet import kubernetes, slurm
-from envbuild.fleet.plan import Engine, FleetTarget
+from envbuild.fleet.plan import Engine, FleetTarget, RunOptions
 from envbuild.fleet.report import FleetReport, NodeResult, TargetResult
 
 POLL_SECONDS = 1.0
@@ -39,14 +39,14 @@ class FleetEngine(Protocol):
     def collect(self, submission: Any) -> tuple[NodeResult, ...]: ...
 
 
-def render_fleet(engine: Engine, targets: Sequence[FleetTarget], *, lock_bytes: bytes, cpu_ok: bool,
-                 deadline: float) -> dict[str, bytes]:
+def render_fleet(engine: Engine, targets: Sequence[FleetTarget], options: RunOptions, *,
+                 lock_bytes: bytes) -> dict[str, bytes]:
     """Every file the engine needs, by relative name. Slurm's also carry the smoke test and the
     lock (the host launcher runs them from the shared directory)."""
     files: dict[str, bytes] = {}
     for target in targets:
         module = slurm if engine == "slurm" else kubernetes
-        files.update(module.render_target(target, cpu_ok=cpu_ok, deadline=deadline))
+        files.update(module.render_target(target, options))
     if engine == "slurm":
         from envbuild.smoke.bundle import payload
 
