@@ -88,8 +88,9 @@ class SlurmEngine:
         assert slurm is not None
         have = self.partition_nodes(slurm.partition)
         if have is not None and have < target.nodes:
+            nodes = f"{have} node{'s' if have != 1 else ''}"
             return Submission(target=target, problem=f"target {target.name}: partition {slurm.partition} "
-                              f"has {have} node{'s' if have != 1 else ''}, the target declares {target.nodes}")
+                              f"has {nodes}, the target declares {target.nodes}")
         done = self._run(["sbatch", "--parsable", f"{target.name}.sbatch"])
         job = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job.isdigit():
