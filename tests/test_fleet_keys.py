@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_lock_command import env, indexes, project, run  # noqa: F401 (fixtures used below)
 from test_project import load, refused
 
 from envbuild.fleet.placement import DEFAULT_HOST_PYTHON, KubernetesPlacement, Placement, SlurmPlacement
@@ -119,3 +120,21 @@ def test_a_hostile_lock_placement_is_refused(fleet: dict[str, object]) -> None:
     data = {**_lock_mapping(), "fleet": fleet}
     with pytest.raises(lockmod.UsageError):
         lockmod.from_json(json.dumps(data))
+
+
+def test_envbuild_lock_carries_the_fleet_keys_to_fleet_render(
+        tmp_path: Path, indexes: str, env: dict[str, str],  # noqa: F811 (test_lock_command's fixtures)
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Project file → envbuild lock → fleet render, through the commands (uv on local indexes)."""
+    keys = 'nodes = 2\ngpus-per-node = 1\nslurm = { partition = "debug", launcher = "host" }\n'
+    monkeypatch.chdir(project(tmp_path, indexes, targets=keys))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    fleet = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["fleet"]
+    assert fleet == {"nodes": 2, "gpus-per-node": 1, "slurm": {
+        "partition": "debug", "gres": "gpu", "launcher": "host", "host-python": DEFAULT_HOST_PYTHON}}
+    assert run(capsys, env, "lock", "--check")[0] == 0
+    code, _, err = run(capsys, env, "fleet", "render", "--engine", "slurm", "-o", "out")
+    assert code == 0, err
+    assert "#SBATCH --nodes=2" in (tmp_path / "out" / "default.sbatch").read_text().splitlines()
+    assert "--expect-gpus 1" in (tmp_path / "out" / "default.node.sh").read_text()

@@ -192,8 +192,8 @@ def test_a_missing_sbatch_is_exit_5(capsys: pytest.CaptureFixture[str], tmp_path
 
     lock = write_lock(tmp_path, {"a": Placement(nodes=1, gpus_per_node=1,
                                                 slurm=SlurmPlacement(partition="a", launcher="host"))})
-    code = main(["fleet", "verify", "--engine", "slurm", "--lock", str(lock), "--dir", str(tmp_path / "fleet")],
-                env={"PATH": str(tmp_path / "nothing")})
+    code = main(["fleet", "verify", "--engine", "slurm", "--lock", str(lock),
+                 "--dir", str(tmp_path / "fleet")], env={"PATH": str(tmp_path / "nothing")})
     assert code == 5
     err = capsys.readouterr().err
     assert err.startswith("envbuild: error[scheduler]: sinfo not found — run on a Slurm login node")
