@@ -74,7 +74,8 @@ def main() -> int:
             slurm_cluster(Path(tmp) / "slurm") as cluster:
         directory = Path(tmp) / "fleet"
         lock = LockSet(targets={t.name: replace(matching_lock(), fleet=t.placement) for t in fleet})
-        write_output(render_fleet("slurm", fleet, options, lock_bytes=lock.to_json().encode()), directory, force=False)
+        files = render_fleet("slurm", fleet, options, lock_bytes=lock.to_json().encode())
+        write_output(files, directory, force=False)
         engine = SlurmEngine(cluster.env, directory)
         alone = {t.name: min(timed(engine, directory, [t]) for _ in range(args.repeat)) for t in fleet}
         sequential = min(sum(timed(engine, directory, [t]) for t in fleet) for _ in range(args.repeat))
