@@ -140,7 +140,8 @@ elif argv[:2] == ["get", "pods"]:
     print(json.dumps({{"kind": "List", "items": items}}))
 elif argv[0] == "logs":
     job, index = argv[1].rsplit("-", 1)
-    print(json.dumps(pods[job][int(index)]["report"]))
+    print("UserWarning: Failed to initialize NumPy")  # stderr, interleaved as kubectl logs does
+    print(json.dumps(pods[job][int(index)]["report"], indent=2))
 else:
     sys.stderr.write("error: unknown command %r\\n" % argv)
     sys.exit(1)
@@ -197,3 +198,12 @@ def test_a_missing_sbatch_is_exit_5(capsys: pytest.CaptureFixture[str], tmp_path
     assert code == 5
     err = capsys.readouterr().err
     assert err.startswith("envbuild: error[scheduler]: sinfo not found — run on a Slurm login node")
+
+
+def test_the_report_is_found_in_logs_that_interleave_stderr() -> None:
+    from envbuild.fleet.kubernetes import report_from_logs
+
+    text = "warning: {not json\n" + json.dumps(SEVEN_OF_EIGHT, indent=2) + "\n"
+    assert report_from_logs(text) == SEVEN_OF_EIGHT
+    assert report_from_logs(json.dumps(PASSING)) == PASSING
+    assert report_from_logs("Error: ImagePullBackOff\n") is None

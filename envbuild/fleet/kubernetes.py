@@ -114,9 +114,30 @@ class KubectlEngine:
             if not NODE_NAME_RE.fullmatch(node) or not NODE_NAME_RE.fullmatch(name):
                 continue  # not scheduled: no node answered for it
             logs = self._run(["logs", name], timeout=120)
-            results.append(node_result(node, _json(logs.stdout[:MAX_LOG_BYTES]) or None,
-                                       _first_line(logs.stderr)))
+            text = logs.stdout[-MAX_LOG_BYTES:]
+            results.append(node_result(node, report_from_logs(text), _last_line(text + logs.stderr)))
         return sorted_nodes(results)
+
+
+def report_from_logs(text: str) -> dict[str, Any] | None:
+    """The smoke test's JSON report in a pod's log. ``kubectl logs`` interleaves stderr (a
+    library's warning) with it: the report is what follows the last line that is a lone ``{``
+    (``--json`` indents, so only its outermost braces start a line)."""
+    whole = _json(text)
+    if whole:
+        return whole
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "{"]
+    for start in reversed(starts):
+        found = _json("\n".join(lines[start:]))
+        if found:
+            return found
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def _json(text: str) -> dict[str, Any]:
