@@ -19,6 +19,7 @@ from envbuild.render.lock import Lock, check_image_reference, distro_python, rec
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
+    from envbuild.render.lockset import LockSet
     from envbuild.resolver.model import Stack
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
@@ -41,6 +42,9 @@ class CiOptions:
     sign: bool = False  # keyless cosign signature of each promoted digest
     # action -> (release tag, commit SHA), from matrices/ci_actions.yaml
     actions: tuple[tuple[str, str, str], ...] = ()
+    # From a lock (ci github --lock): its path in the repository, checked by a 'lock --check'
+    # job before any build; each target verified on its own runs-on labels.
+    lock: str | None = None
 
 
 CACHES = ("registry", "gha")
@@ -56,6 +60,7 @@ class CiStack:
     id: str
     lock: Lock
     files: Mapping[str, FileData]  # the build context, as render docker writes it
+    runs_on: tuple[str, ...] = ()  # the target's runner labels (a lock's fleet runs-on); () = the options'
 
     @property
     def gpu(self) -> bool:
@@ -184,6 +189,23 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
                          hint="choose --python to match --ubuntu, or render one stack with "
                               "'envbuild render docker --python-url ... --python-sha256 ...'")
     return chosen, skipped
+
+
+def lock_stacks(lockset: LockSet, matrix: Matrix) -> list[CiStack]:
+    """One stack per target of a lock: its build context installs exactly its pylock on its base
+    digest (as 'render docker --lock FILE --target NAME' writes it), verified on its runs-on."""
+    from envbuild.data.peaks import peaks_json
+    from envbuild.render.docker import RenderOptions, render_docker
+
+    peaks = peaks_json(matrix)
+    stacks = []
+    for name in sorted(lockset.targets):
+        lock = lockset.targets[name]
+        carried = lockset.only(name).to_json() if lock.pylock is not None else None
+        files = render_docker(lock, RenderOptions(), peaks=peaks, lockset_json=carried)
+        runs_on = lock.fleet.runs_on if lock.fleet is not None else ()
+        stacks.append(CiStack(id=name, lock=lock, files=files, runs_on=runs_on))
+    return stacks
 
 
 def context_files(stacks: Sequence[CiStack]) -> dict[str, FileData]:
