@@ -105,7 +105,8 @@ def node_result(node: str, report: Any, stderr_tail: str = "") -> NodeResult:
     if code != 0:
         return NodeResult(node=node, status="fail", check="exit", exit_code=code,
                           message=f"the smoke test exited {code}", hint="see the node's report")
-    return NodeResult(node=node, status="pass", message=f"{len(checks)} checks")
+    plural = "s" if len(checks) != 1 else ""
+    return NodeResult(node=node, status="pass", message=f"{len(checks)} check{plural}")
 
 
 def parse_node_report(node: str, data: bytes, stderr_tail: str = "") -> NodeResult:
@@ -150,7 +151,9 @@ def render_html(report: FleetReport) -> str:
     for target in report.targets:
         cells = [f'<th class="{target.status}">{esc(target.target)}<small>{esc(target.why())}</small></th>']
         for node in target.nodes:
-            detail = "" if node.status == "pass" else f"<small>{esc(node.check)}: {esc(node.message)}</small>"
+            detail = "" if node.status == "pass" else (
+                f"<small>{esc(node.check)}: {esc(node.message)}</small>"
+                f"<small><i>{esc(node.hint)}</i></small>")
             cells.append(f'<td class="cell {node.status}" title="{esc(node.hint)}"><b>{esc(node.node)}</b> '
                          f"{node.status.upper()}{detail}</td>")
         cells += ['<td class="cell missing">no answer</td>'] * max(0, target.expected - len(target.nodes))
