@@ -72,3 +72,16 @@ def test_selectors_cannot_be_combined_with_lock(tmp_path: Path, capsys: pytest.C
                  "-o", str(tmp_path / "out")], env=ENV)
     assert code == 2 and "stack selectors cannot be combined with --lock" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_selector_mode_picks_distinct_torch_cuda_families(tmp_path: Path) -> None:
+    """Without a lock, the top stacks are one per torch × CUDA family: driver 550's ranking puts
+    2.5.0 cu124 right after 2.5.1 cu124 (a patch-release neighbour); 2.4.1 cu124 takes its place."""
+    out = tmp_path / "out"
+    assert main(["ci", "github", "--driver", "550", "--torch", ">=2.4,<2.6", "--registry", "ghcr.io/acme/app",
+                 "-o", str(out)], env=ENV) == 0
+    include = json.loads((out / github.MATRIX_PATH).read_text())["include"]
+    families = [(".".join(e["torch"].split(".")[:2]), e["variant"]) for e in include]
+    assert len(set(families)) == len(families) == 4
+    ids = [e["id"] for e in include]
+    assert "torch2.5.1-cu124-py3.10-ubuntu22.04" in ids and "torch2.5.0-cu124-py3.10-ubuntu22.04" not in ids

@@ -153,9 +153,16 @@ def target_name(sid: str) -> str:
     return sid.replace(".", "_")
 
 
+def family(stack: Stack) -> tuple[str, str]:
+    """A torch release line × CUDA wheel variant (2.14 × cu126): the best stack of each family
+    stands for it, so the top N are N different builds, not patch releases or Pythons of one."""
+    return ".".join(stack.torch.split(".")[:2]), stack.variant
+
+
 def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_url: str | None = None,
                   package_index: str | None = None) -> tuple[list[CiStack], list[str]]:
-    """The first ``top`` stacks that render with no flag, and the ids skipped.
+    """The first ``top`` stacks that render with no flag, one per torch × CUDA family, and the
+    ids skipped.
 
     A stack whose Python is not its Ubuntu's python3 installs the python-build-standalone
     build matrices/python_standalone.yaml records for it (sha256 checked); one without such a
@@ -169,11 +176,12 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
     peaks = peaks_json(matrix)
     chosen: list[CiStack] = []
     skipped: list[str] = []
+    families: set[tuple[str, str]] = set()
     for stack in stacks:
         if len(chosen) == top:
             break
         sid = stack_id(stack)
-        if any(c.id == sid for c in chosen):
+        if any(c.id == sid for c in chosen) or family(stack) in families:
             continue
         if distro_python(matrix, stack.ubuntu) != stack.python and \
                 recorded_standalone(matrix, stack.python) is None:
@@ -182,6 +190,7 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
         options = RenderOptions(index_url=wheel_index(stack, index_url, package_index))
         lock = lock_for(stack, matrix, options)
         chosen.append(CiStack(id=sid, lock=lock, files=render_docker(lock, options, peaks=peaks)))
+        families.add(family(stack))
     if not chosen:
         raise UsageError(f"none of the compatible stacks uses its Ubuntu release's python3 or a "
                          f"recorded standalone build "
