@@ -138,3 +138,13 @@ def test_envbuild_lock_carries_the_fleet_keys_to_fleet_render(
     assert code == 0, err
     assert "#SBATCH --nodes=2" in (tmp_path / "out" / "default.sbatch").read_text().splitlines()
     assert "--expect-gpus 1" in (tmp_path / "out" / "default.node.sh").read_text()
+    # ci github --lock: the target's context installs exactly its pylock (docs/faults.md V12).
+    code, _, err = run(capsys, env, "ci", "github", "--lock", "envbuild.lock",
+                       "--registry", "ghcr.io/acme/app", "-o", "ci")
+    assert code == 0, err
+    context = tmp_path / "ci" / "stacks" / "default"
+    assert (context / "pylock.toml").read_bytes() == (tmp_path / "pylock.toml").read_bytes()
+    baked = json.loads((context / "envbuild.lock").read_text())
+    assert baked["targets"]["default"]["pylock"]["sha256"] == \
+        json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["pylock"]["sha256"]
+    assert "--require-hashes" in (context / "Dockerfile").read_text()
