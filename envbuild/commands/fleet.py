@@ -7,10 +7,15 @@ import argparse
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import Out, Parser, positive_int
 from envbuild.errors import SmokeFailed
+
+if TYPE_CHECKING:
+    from envbuild.fleet.plan import FleetTarget
+
+Targets = tuple["FleetTarget", ...]
 
 DEFAULT_DEADLINE = 1800
 DEFAULT_DIR = "envbuild-fleet"
@@ -47,7 +52,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help=f"seconds for the whole run (default {DEFAULT_DEADLINE})")
 
 
-def _plan(args: argparse.Namespace) -> tuple[Any, bytes]:
+def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
     from envbuild.fleet.plan import parse_image_flags, plan_targets, read_build_report
     from envbuild.render.lockset import read_lockset
 
@@ -60,7 +65,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, bytes]:
     return targets, path.read_bytes()
 
 
-def _files(args: argparse.Namespace) -> tuple[Any, dict[str, bytes]]:
+def _files(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes]]:
     from envbuild.fleet.plan import RunOptions
     from envbuild.fleet.verify import render_fleet
 
