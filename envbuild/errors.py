@@ -80,6 +80,14 @@ class DockerUnavailable(EnvbuildError):
     exit_code = 5
 
 
+class SchedulerUnavailable(EnvbuildError):
+    """The fleet's engine (sbatch, squeue, kubectl) is missing or does not answer: exit 5, as
+    an unreachable Docker daemon is."""
+
+    name = "scheduler"
+    exit_code = 5
+
+
 class BuildFailed(EnvbuildError):
     name = "build"
     exit_code = 6

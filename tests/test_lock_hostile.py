@@ -23,6 +23,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
+from envbuild.fleet.placement import KubernetesPlacement, Placement, SlurmPlacement
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render.script import render_script
@@ -74,7 +75,11 @@ def baselines(matrix: matrixmod.Matrix) -> dict[str, str]:
                                       file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
                                       torch_layer=tuple(sorted(set(packages) - {"requests"})),
                                       platform="x86_64-manylinux_2_35"))
-    return {"default": render.lock_for(default, matrix, rich).to_json(),
+    # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
+    fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
+                      slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),
+                      kubernetes=KubernetesPlacement(node_selector=(("nvidia.com/gpu.product", "H100"),)))
+    return {"default": dataclasses.replace(render.lock_for(default, matrix, rich), fleet=fleet).to_json(),
             "standalone": render.lock_for(standalone, matrix, alone).to_json(),
             "closure": closure.to_json()}
 

@@ -59,6 +59,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="image repository, no tag (e.g. ghcr.io/acme/envbuild)")
     g.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="image label added to every stack (repeatable)")
+    g.add_argument("--lock", metavar="FILE",
+                   help="one image per target of this lock (its pylock on its base digest), verified on "
+                        "the target's runs-on labels, after a 'lock --check' job; no selectors then")
     g.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     g.add_argument("--force", action="store_true", help="replace a non-empty output directory")
 
@@ -70,6 +73,18 @@ def _plan(args: argparse.Namespace, env: Mapping[str, str],
     request, resolution = resolve_stacks(args, env, matrix)
     return select_stacks(resolution.stacks, matrix, top=args.top, index_url=args.index_url,
                          package_index=request.package_index)
+
+
+def _from_lock(args: argparse.Namespace, matrix: Matrix) -> list[CiStack]:
+    from envbuild.errors import UsageError
+    from envbuild.render.ci import lock_stacks
+    from envbuild.render.lockset import read_lockset
+
+    if args.driver or args.host or args.gpu or args.arch or args.torch or args.cuda or args.python \
+            or args.index_url:
+        raise UsageError("stack selectors cannot be combined with --lock",
+                         hint="the lock already pins each target's stack")
+    return lock_stacks(read_lockset(Path(args.lock)), matrix)
 
 
 def _command(render: Render) -> Command:
@@ -84,7 +99,12 @@ def _command(render: Render) -> Command:
                                    sign=getattr(args, "sign", False))
         matrix = load_matrix(args, env)
         options = replace(options, actions=pinned_actions(matrix))
-        stacks, skipped = _plan(args, env, matrix)
+        skipped: list[str] = []
+        if args.lock:
+            stacks = _from_lock(args, matrix)
+            options = replace(options, lock=Path(args.lock).name)
+        else:
+            stacks, skipped = _plan(args, env, matrix)
         write_output(render(stacks, options), Path(args.output), force=args.force)
         count = f"{len(stacks)} stack{'s' if len(stacks) != 1 else ''}"
         out(f"wrote {args.output}/ with {count}: {', '.join(s.id for s in stacks)}")

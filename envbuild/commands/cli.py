@@ -31,7 +31,7 @@ from envbuild.errors import (
 
 EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
-  3 no compatible stack  4 data error                        5 Docker unreachable
+  3 no compatible stack  4 data error                        5 Docker or scheduler unreachable
   6 image build failed   7 smoke test failed                 8 GPU runtime/driver missing
   9 host preflight failed  10 reboot required  11 lock is stale (lock --check)
   130 interrupted (Ctrl-C)   129/143 hung up/terminated (SIGHUP/SIGTERM)     141 output pipe closed"""
@@ -49,6 +49,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("envbuild.commands.build", "tag a verified image digest in its registry"),
     "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
+    "fleet": ("envbuild.commands.fleet", "verify every node of every node type through Slurm or Kubernetes"),
 }
 
 

@@ -211,7 +211,10 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
         warn_duplicate_cuda(lock)
         lock = _pin_base(args, env, project, lock)
         old = previous.targets.get(plan.name) if previous is not None else None
-        locks[plan.name] = _close(args, env, matrix, project, plan, lock, old, len(plans))
+        closed = _close(args, env, matrix, project, plan, lock, old, len(plans))
+        placement = None if project is None else project.target(plan.name).placement
+        fleet = placement if placement is not None and not placement.is_empty() else None
+        locks[plan.name] = replace(closed, fleet=fleet)
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import UsageError
+from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
 from envbuild.project.model import INSTALLER_CHOICES, Project, Target
 from envbuild.project.toml import KeyPath, dotted, line_of, parse
@@ -28,12 +29,13 @@ PYPROJECT = "pyproject.toml"
 TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 DEFAULT_TARGET = "default"
 
-TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter")
+FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
+TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("apt-packages", "env", "user", "base-image", "index-url", "torch-index-url",
               "find-links", "registry-mirrors", "installer")
-TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
+TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
 
@@ -214,7 +216,74 @@ class _Reader:
                 raise self.fail(path, "a target needs a name", 'add name = "..." to it')
         return Target(name=name, driver=self.string(table, "driver", path),
                       gpus=self.strings(table, "gpus", path), archs=self.strings(table, "archs", path),
-                      datacenter=self.boolean(table, "datacenter", path, False))
+                      datacenter=self.boolean(table, "datacenter", path, False),
+                      placement=self.placement(table, path))
+
+    # -- the fleet keys (envbuild/fleet/placement.py holds their grammar) --
+
+    def guarded(self, path: KeyPath, check: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return check(*args)
+        except UsageError as exc:
+            raise self.fail(path, exc.message, exc.hint) from None
+
+    def count(self, table: Mapping[str, Any], key: str, path: KeyPath, most: int) -> int | None:
+        if key not in table:
+            return None
+        count: int = self.guarded([*path, key], fleet.check_count, table[key], key, most)
+        return count
+
+    def subtable(self, table: Mapping[str, Any], key: str, path: KeyPath,
+                 known: Sequence[str]) -> Mapping[str, Any] | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail([*path, key], "expected a table", f"write {key} = {{ ... }}")
+        self.unknown_keys(value, known, [*path, key])
+        return value
+
+    def placement(self, table: Mapping[str, Any], path: KeyPath) -> fleet.Placement:
+        runs_on = self.strings(table, "runs-on", path)
+        for i, label in enumerate(runs_on):
+            self.guarded([*path, "runs-on", i], fleet.check_runner_label, label)
+        return fleet.Placement(
+            nodes=self.count(table, "nodes", path, fleet.MAX_NODES),
+            gpus_per_node=self.count(table, "gpus-per-node", path, fleet.MAX_GPUS_PER_NODE),
+            runs_on=runs_on, slurm=self.slurm(table, path), kubernetes=self.kubernetes(table, path))
+
+    def slurm(self, table: Mapping[str, Any], path: KeyPath) -> fleet.SlurmPlacement | None:
+        raw = self.subtable(table, "slurm", path, fleet.SLURM_KEYS)
+        if raw is None:
+            return None
+        where = [*path, "slurm"]
+        checks: dict[str, Callable[[str], Any]] = {
+            "partition": fleet.check_partition, "gres": fleet.check_gres,
+            "launcher": fleet.check_launcher, "host-python": fleet.check_host_python}
+        values: dict[str, Any] = {}
+        for key, check in checks.items():
+            text = self.string(raw, key, where)
+            if text is not None:
+                values[key.replace("-", "_")] = self.guarded([*where, key], check, text)
+        if "partition" not in values:
+            raise self.fail(where, "needs a partition", 'add partition = "..." (as sinfo names it)')
+        return fleet.SlurmPlacement(**values)
+
+    def kubernetes(self, table: Mapping[str, Any], path: KeyPath) -> fleet.KubernetesPlacement | None:
+        raw = self.subtable(table, "kubernetes", path, fleet.KUBERNETES_KEYS)
+        if raw is None:
+            return None
+        where = [*path, "kubernetes", "node-selector"]
+        selector = raw.get("node-selector")
+        if not isinstance(selector, dict) or not selector:
+            raise self.fail(where, "expected a table of node labels",
+                            'node-selector = { "nvidia.com/gpu.product" = "..." }')
+        pairs = []
+        for key, value in sorted(selector.items()):
+            if not isinstance(value, str):
+                raise self.fail([*where, key], "expected a string")
+            pairs.append(self.guarded([*where, key], fleet.check_node_label, key, value))
+        return fleet.KubernetesPlacement(node_selector=tuple(pairs))
 
 
 def shown_path(path: Path, cwd: Path) -> str:
@@ -371,7 +440,7 @@ def _targets(reader: _Reader, table: Mapping[str, Any]) -> tuple[Target, ...]:
         return (reader.target(table, [], DEFAULT_TARGET),)
     if not isinstance(raw, list) or not raw:
         raise reader.fail(["targets"], "expected one or more [[targets]] tables")
-    for key in ("driver", "gpus", "archs", "datacenter"):
+    for key in ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS):
         if key in table:
             raise reader.fail([key], "cannot be combined with targets",
                               "set it in each [[targets]] table instead")

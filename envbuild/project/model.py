@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envbuild.fleet.placement import Placement
+
 # What a build may install the closure with (project key "installer", lock --installer).
 INSTALLER_CHOICES = ("uv", "pip")
 
@@ -19,6 +21,7 @@ class Target:
     gpus: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     datacenter: bool = False
+    placement: Placement = field(default_factory=Placement)  # nodes, gpus-per-node, runs-on, slurm, …
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from envbuild.render.lock import Lock, check_image_reference, distro_python, rec
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
+    from envbuild.render.lockset import LockSet
     from envbuild.resolver.model import Stack
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
@@ -41,6 +42,9 @@ class CiOptions:
     sign: bool = False  # keyless cosign signature of each promoted digest
     # action -> (release tag, commit SHA), from matrices/ci_actions.yaml
     actions: tuple[tuple[str, str, str], ...] = ()
+    # From a lock (ci github --lock): its path in the repository, checked by a 'lock --check'
+    # job before any build; each target verified on its own runs-on labels.
+    lock: str | None = None
 
 
 CACHES = ("registry", "gha")
@@ -56,6 +60,7 @@ class CiStack:
     id: str
     lock: Lock
     files: Mapping[str, FileData]  # the build context, as render docker writes it
+    runs_on: tuple[str, ...] = ()  # the target's runner labels (a lock's fleet runs-on); () = the options'
 
     @property
     def gpu(self) -> bool:
@@ -148,9 +153,16 @@ def target_name(sid: str) -> str:
     return sid.replace(".", "_")
 
 
+def family(stack: Stack) -> tuple[str, str]:
+    """A torch release line × CUDA wheel variant (2.14 × cu126): the best stack of each family
+    stands for it, so the top N are N different builds, not patch releases or Pythons of one."""
+    return ".".join(stack.torch.split(".")[:2]), stack.variant
+
+
 def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_url: str | None = None,
                   package_index: str | None = None) -> tuple[list[CiStack], list[str]]:
-    """The first ``top`` stacks that render with no flag, and the ids skipped.
+    """The first ``top`` stacks that render with no flag, one per torch × CUDA family, and the
+    ids skipped.
 
     A stack whose Python is not its Ubuntu's python3 installs the python-build-standalone
     build matrices/python_standalone.yaml records for it (sha256 checked); one without such a
@@ -164,11 +176,12 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
     peaks = peaks_json(matrix)
     chosen: list[CiStack] = []
     skipped: list[str] = []
+    families: set[tuple[str, str]] = set()
     for stack in stacks:
         if len(chosen) == top:
             break
         sid = stack_id(stack)
-        if any(c.id == sid for c in chosen):
+        if any(c.id == sid for c in chosen) or family(stack) in families:
             continue
         if distro_python(matrix, stack.ubuntu) != stack.python and \
                 recorded_standalone(matrix, stack.python) is None:
@@ -177,6 +190,7 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
         options = RenderOptions(index_url=wheel_index(stack, index_url, package_index))
         lock = lock_for(stack, matrix, options)
         chosen.append(CiStack(id=sid, lock=lock, files=render_docker(lock, options, peaks=peaks)))
+        families.add(family(stack))
     if not chosen:
         raise UsageError(f"none of the compatible stacks uses its Ubuntu release's python3 or a "
                          f"recorded standalone build "
@@ -184,6 +198,23 @@ def select_stacks(stacks: Sequence[Stack], matrix: Matrix, *, top: int, index_ur
                          hint="choose --python to match --ubuntu, or render one stack with "
                               "'envbuild render docker --python-url ... --python-sha256 ...'")
     return chosen, skipped
+
+
+def lock_stacks(lockset: LockSet, matrix: Matrix) -> list[CiStack]:
+    """One stack per target of a lock: its build context installs exactly its pylock on its base
+    digest (as 'render docker --lock FILE --target NAME' writes it), verified on its runs-on."""
+    from envbuild.data.peaks import peaks_json
+    from envbuild.render.docker import RenderOptions, render_docker
+
+    peaks = peaks_json(matrix)
+    stacks = []
+    for name in sorted(lockset.targets):
+        lock = lockset.targets[name]
+        carried = lockset.only(name).to_json() if lock.pylock is not None else None
+        files = render_docker(lock, RenderOptions(), peaks=peaks, lockset_json=carried)
+        runs_on = lock.fleet.runs_on if lock.fleet is not None else ()
+        stacks.append(CiStack(id=name, lock=lock, files=files, runs_on=runs_on))
+    return stacks
 
 
 def context_files(stacks: Sequence[CiStack]) -> dict[str, FileData]:

@@ -40,13 +40,15 @@ _USES_RE = re.compile(r"^(?P<head>\s*(?:- )?uses: )(?P<action>[^@\s]+)@(?P<sha>[
                       re.MULTILINE)
 
 
-def matrix_json(stacks: Sequence[CiStack]) -> bytes:
+def matrix_json(stacks: Sequence[CiStack], options: CiOptions | None = None) -> bytes:
+    """One entry per stack; from a lock, each with its verify runner labels (``runs_on``)."""
     include = [{
         "id": s.id, "context": s.context, "gpu": s.gpu, "group": s.group,
         "torch": s.lock.stack.torch, "variant": s.lock.stack.variant,
         "cuda": s.lock.stack.cuda, "python": s.lock.stack.python,
         "ubuntu": s.lock.stack.ubuntu, "flavor": s.lock.flavor,
-    } for s in stacks]
+    } | ({"runs_on": list(s.runs_on or ("self-hosted", *options.runner_labels))}
+         if options is not None and options.lock is not None else {}) for s in stacks]
     return (json.dumps({"include": include}, indent=2, sort_keys=True) + "\n").encode("ascii")
 
 
@@ -139,7 +141,48 @@ _READ_DIGEST = ['digest="$(cat "digests/$STACK_ID")"',
                 'ref="$IMAGE@$digest"']
 
 
+# Hosted runners have about 14 GB free; CUDA images need more. These trees are the runner
+# image's preinstalled SDKs, none of which a Docker build uses.
+FREE_DISK = _lines(["sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc "
+                    "/opt/hostedtoolcache/CodeQL",
+                    "sudo docker image prune --all --force", "df -h /"])
+
+
+def _lock_check(options: CiOptions) -> dict[str, Any]:
+    """From a lock: 'envbuild lock --check' before anything is built (offline: no resolver runs)."""
+    from envbuild import __version__
+
+    return {"name": "The lock matches the project", "runs-on": HOSTED_RUNNER, "timeout-minutes": 10,
+            "permissions": {"contents": "read"},
+            "steps": [_checkout(options),
+                      {"name": "envbuild lock --check",
+                       "env": {"ENVBUILD_VERSION": __version__, "LOCK": options.lock},
+                       "run": _lines(['python3 -m pip install --user "envbuild==$ENVBUILD_VERSION"',
+                                      'python3 -m envbuild lock --check --output "$LOCK"'])}]}
+
+
+def _from_lock(options: CiOptions, body: dict[str, Any]) -> dict[str, Any]:
+    """``ci github --lock``: the lock checked first, disk freed before each build, and each
+    target verified on its own runner labels (the matrix entry's ``runs_on``)."""
+    assert options.lock is not None
+    jobs = body["jobs"]
+    jobs["build"]["needs"] = ["matrix", "lock-check"]
+    jobs["build"]["steps"].insert(0, {"name": "Free disk space", "run": FREE_DISK})
+    jobs["verify"]["runs-on"] = "${{ matrix.runs_on }}"
+    jobs["verify"]["name"] = "Verify ${{ matrix.id }} on its runners"
+    body["jobs"] = {"lock-check": _lock_check(options), **jobs}
+    for trigger in ("push", "pull_request"):
+        body["on"][trigger]["paths"] = [*body["on"][trigger]["paths"], options.lock, "pylock*.toml",
+                                        "envbuild.toml", "pyproject.toml"]
+    return body
+
+
 def workflow(options: CiOptions) -> dict[str, Any]:
+    body = _workflow(options)
+    return body if options.lock is None else _from_lock(options, body)
+
+
+def _workflow(options: CiOptions) -> dict[str, Any]:
     """The workflow as data. It names no stack: the matrix is read from matrix.json when the
     workflow runs, so editing stacks/ needs no new workflow.
 
@@ -275,5 +318,5 @@ def workflow_yaml(options: CiOptions) -> bytes:
 
 
 def render_github(stacks: Sequence[CiStack], options: CiOptions) -> dict[str, FileData]:
-    files = {WORKFLOW_PATH: workflow_yaml(options), MATRIX_PATH: matrix_json(stacks)}
+    files = {WORKFLOW_PATH: workflow_yaml(options), MATRIX_PATH: matrix_json(stacks, options)}
     return dict(sorted({**files, **context_files(stacks)}.items()))

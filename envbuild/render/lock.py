@@ -39,6 +39,9 @@ Format (schema 1, JSON object, keys sorted):
                     (the user's requirements are in the closure). Absent: a stack-only lock
                     (torch and its pins; pip resolves the rest at build time).
   base_offline      optional, true when ``lock --offline`` kept the base image's tag unresolved
+  fleet             optional: where the target's nodes live (the project file's nodes,
+                    gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
+                    Absent: no fleet keys (locks written before them read the same)
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -56,6 +59,7 @@ from typing import Any
 
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
+from envbuild.fleet import placement as fleetmod
 from envbuild.redact import has_credentials, redact
 from envbuild.resolver.model import PYTORCH_INDEX, Stack
 from envbuild.smoke.rules import is_arch, is_python_version, is_variant_selector
@@ -168,6 +172,7 @@ class Lock:
     layers: tuple[Layer, ...] = ()
     pylock: PylockRef | None = None
     base_offline: bool = False
+    fleet: fleetmod.Placement | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -198,6 +203,8 @@ class Lock:
             data["pylock"] = self.pylock.to_json()
         if self.base_offline:
             data["base_offline"] = True
+        if self.fleet is not None and not self.fleet.is_empty():
+            data["fleet"] = self.fleet.to_json()
         return data
 
 
@@ -535,7 +542,7 @@ def from_json(text: str) -> Lock:
 _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "base_digest",
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
-_OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline"})
+_OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -595,6 +602,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         layers=tuple(_layer(raw) for raw in layers),
         pylock=_pylock(data["pylock"]) if "pylock" in data else None,
         base_offline=base_offline,
+        fleet=fleetmod.from_json(data["fleet"]) if "fleet" in data else None,
     )
 
 

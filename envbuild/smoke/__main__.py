@@ -78,6 +78,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help="JSON GPU peak table (default: smoke_peaks.json beside this file)",
     )
     parser.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE (atomically)")
+    parser.add_argument(
+        "--expect-gpus",
+        type=_positive,
+        metavar="N",
+        help="the node has N GPUs: fewer visible fails (a fleet target's gpus-per-node)",
+    )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each heavy check")
     ns = parser.parse_args(argv)
     return Options(
@@ -90,7 +96,14 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         timeout=ns.timeout,
         target=ns.target,
         installed_only=ns.installed_only,
+        expect_gpus=ns.expect_gpus,
     )
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 1024:
+        raise argparse.ArgumentTypeError("expected a GPU count from 1 to 1024, got %r" % text)
+    return int(text)
 
 
 EXIT_DIFFERENT = 1  # --installed-only: the installed set differs from the lock

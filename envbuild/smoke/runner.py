@@ -50,6 +50,7 @@ class Options:
     timeout: float | None = None
     target: str | None = None  # which target of a schema 2 lock (needed when it has several)
     installed_only: bool = False  # compare the installed set with the lock, nothing else
+    expect_gpus: int | None = None  # the GPUs the node type has (a fleet target's gpus-per-node)
 
 
 # Which check explains each reason the GPU checks stop.

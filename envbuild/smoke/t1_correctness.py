@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from .arch import arch_coverage, arch_hint
 from .diagnose import diagnose_no_gpu
+from .gpu_count import judge_gpu_count
 from .numeric import compare_result
 from .probes import read_text, torch_arch_list, try_call
 from .proof import (
@@ -35,6 +36,8 @@ def tier1(run: Run) -> None:
     visible = run.check("gpu.visible", 1, lambda: _check_visible(run), gpu=True)
     if visible.status != "pass" and run.gpu_block is None:
         run.gpu_block = "no GPU visible"
+    if run.options.expect_gpus is not None:
+        run.check("gpu.count", 1, lambda: _check_count(run), gpu=True)
     for index in indices(run):
         suffix = "" if index is None else "@cuda:%d" % index
         for name, fn, heavy in T1_DEVICE_CHECKS:
@@ -106,6 +109,13 @@ def _check_visible(run: Run) -> Outcome:
     if run.options.cpu_ok:
         return skip(diagnosis.message + "; accepted by --cpu-ok", value, diagnosis.hint)
     return fail(diagnosis.message, value, diagnosis.hint, diagnosis.exit_code)
+
+
+def _check_count(run: Run) -> Outcome:
+    seen = [str(d["name"]) for d in run.torch_facts.get("devices") or []]
+    listed = (run.driver or {}).get("gpus")
+    return judge_gpu_count(int(run.options.expect_gpus or 0), seen,
+                           [str(n) for n in listed] if isinstance(listed, list) else None, run.env)
 
 
 def _check_arch(run: Run, index: int) -> Outcome:
