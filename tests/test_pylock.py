@@ -387,10 +387,12 @@ def test_wheel_choice_cp311_then_abi3_then_py3() -> None:
     assert str(tags[0]) == "cp311-cp311-manylinux_2_35_x86_64" and str(tags[-1]) == "py30-none-any"
 
 
-def test_file_urls_rewritten_to_local_dir() -> None:
+def test_file_urls_rewritten_to_local_dir(tmp_path: Path) -> None:
     """docs/faults.md H27: a file:// wheel needs the build context's wheelhouse."""
     torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-    pylock = read_pylock(pylock_text({"torch": [f"file:///opt/wheels/{torch}"],
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / torch).write_bytes(b"wheel")
+    pylock = read_pylock(pylock_text({"torch": [f"file://{tmp_path}/wheels/{torch}"],
                                       "idna": ["idna-3.0-py3-none-any.whl"]}))
     lines = install_requirements(pylock, ["torch", "idna"], python="3.11", glibc="2.35",
                                  local_dir="/opt/envbuild/wheels")
@@ -402,7 +404,7 @@ def test_file_urls_rewritten_to_local_dir() -> None:
     with pytest.raises(UsageError, match=re.escape(refused)):
         install_requirements(pylock, ["torch"], python="3.11", glibc="2.35")
     assert install_requirements(pylock, ["idna"], python="3.11", glibc="2.35")  # not local: no need
-    assert local_wheels(pylock) == [Path(f"/opt/wheels/{torch}")]
+    assert local_wheels(pylock, [tmp_path]) == [tmp_path / "wheels" / torch]
     with pytest.raises(UsageError, match="the pylock has no package 'numpy'"):
         install_requirements(pylock, ["numpy"], python="3.11", glibc="2.35")
 

@@ -348,7 +348,13 @@ def _series_or_release(kind: str, text: str, public: str, components: int,
     return Requirement(kind=kind, text=text, spec=spec, local=local)
 
 
+_MAX_SPEC = 100
+
+
 def _reject_odd_characters(kind: str, text: str) -> None:
+    if len(text) > _MAX_SPEC:  # a 5000-digit version is no version (and int() refuses it)
+        raise _usage(f"invalid {kind} version: longer than {_MAX_SPEC} characters",
+                     "write a version such as 2.3.1, or a range such as >=2.3,<2.5")
     if not text or not _SPEC_CHARS.issuperset(text):
         raise _usage(
             f"invalid {kind} version {text!r}",
