@@ -347,6 +347,15 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     )
 
 
+def project_roots(root: Path, cwd: Path) -> list[Path]:
+    """Where files the project file names may lie: its own directory, and the working
+    directory when that holds the project file (``-o sub/project.toml`` naming ``../r.txt``)
+    and is not the file system's root (a container's ``/`` would let everything in)."""
+    real_root, real_cwd = Path(os.path.realpath(root)), Path(os.path.realpath(cwd))
+    inside = real_root == real_cwd or real_cwd in real_root.parents
+    return [root, cwd] if inside and real_cwd != Path(real_cwd.anchor) else [root]
+
+
 def _relative(path: Path, root: Path) -> str:
     return os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
 
@@ -395,7 +404,7 @@ def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[s
         other = root / pyproject_name
         other_shown = token(shown_path(other, cwd))
         try:
-            data = read_confined(other, [root], other_shown)
+            data = read_confined(other, project_roots(root, cwd), other_shown)
         except UsageError as exc:
             raise reader.fail(["pyproject"], exc.message, exc.hint) from None
         sources.append((other, data))
@@ -419,7 +428,7 @@ def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[s
     seen: set[Path] = set()
     for i, name in enumerate(reader.strings(table, "requirements", [])):
         reqs.read_requirements_file(root / name, lambda p: shown_path(p, cwd), gathered, seen,
-                                    reader.where(["requirements", i]), [root])
+                                    reader.where(["requirements", i]), project_roots(root, cwd))
     sources += gathered.files
     for i, text in enumerate(reader.strings(table, "dependencies", [])):
         here = reader.where(["dependencies", i])
@@ -441,7 +450,7 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
             continue
         directory = root / link
         if not directory.is_dir():
-            raise reader.fail(["find-links", i], f"{link} is not a directory",
+            raise reader.fail(["find-links", i], f"{quoted(link)} is not a directory",
                               "an http(s) URL or a directory of wheels, relative to the project file")
         links.append(os.path.abspath(directory))
     return tuple(links)

@@ -129,14 +129,13 @@ def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gather
     so include cycles end; includes nest at most ``MAX_INCLUDE_DEPTH`` deep, and at most
     ``MAX_FILES`` files are read."""
     what = f"requirements file {token(shown(path))}"
-    real = confined(path, roots, what, outside_hint=_HINT_OUTSIDE)
-    if real in seen:
-        return
-    if depth > MAX_INCLUDE_DEPTH or len(seen) >= MAX_FILES:
-        raise usage(where, f"too many requirements files ({what}: more than "
-                    f"{MAX_INCLUDE_DEPTH} nested -r includes or {MAX_FILES} files)",
-                    "flatten the includes")
     try:
+        real = confined(path, roots, what, outside_hint=_HINT_OUTSIDE)
+        if real in seen:
+            return
+        if depth > MAX_INCLUDE_DEPTH or len(seen) >= MAX_FILES:
+            raise UsageError(f"too many requirements files ({what}: more than {MAX_INCLUDE_DEPTH} "
+                             f"nested -r includes or {MAX_FILES} files)", hint="flatten the includes")
         data = read_regular(real, what, missing_hint="check the path (relative to the file naming it)")
     except UsageError as exc:
         raise usage(where, exc.message, exc.hint) from None
@@ -188,8 +187,8 @@ def project_dependencies(project: Mapping[str, Any], extras: Sequence[str], aske
     if "dependencies" in project.get("dynamic", ()):
         raise usage(where(["project", "dynamic"]), "dynamic dependencies cannot be read",
                     "list them in [project.dependencies], or use a requirements file")
-    found = [(check_requirement(t, where(["project", "dependencies"])), where(["project", "dependencies"]))
-             for t in _strings(project.get("dependencies", []), where(["project", "dependencies"]))]
+    here = where(["project", "dependencies"])  # once: not once per dependency
+    found = [(check_requirement(t, here), here) for t in _strings(project.get("dependencies", []), here)]
     optional = project.get("optional-dependencies", {})
     if not isinstance(optional, dict):
         raise usage(where(["project", "optional-dependencies"]), "expected a table")
