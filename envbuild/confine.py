@@ -45,8 +45,11 @@ def token(text: str, limit: int = TOKEN_LIMIT) -> str:
     return redact(short + ("…" if len(short) < len(text) else ""))
 
 
-def quoted(text: str) -> str:
-    """``token(text)`` in quotes, as errors quote a value: ``'torch==2.3'``."""
+def quoted(text: object) -> str:
+    """``token(text)`` in quotes, as errors quote a value: ``'torch==2.3'``; a value that is
+    not a string by its type only (a nested table's repr is neither short nor safe)."""
+    if not isinstance(text, str):
+        return f"(a {type(text).__name__})"
     return repr(token(text))
 
 

@@ -117,18 +117,19 @@ def render_closure(tmp_path: Path, lock: lockmod.Lock, extra: str,
     return code, capsys.readouterr().err
 
 
-def wheel_name(torch: str) -> str:
-    return f"torch-{torch}-cp311-cp311-{OTHER_PLATFORM}.whl"
+def wheel_name(lock: lockmod.Lock) -> str:
+    """A torch wheel of the locked version for another platform."""
+    return f"torch-{lock.packages['torch']}-cp311-cp311-{OTHER_PLATFORM}.whl"
 
 
 @pytest.fixture
 def layout(tmp_path: Path, stack_lock: lockmod.Lock) -> dict[str, str]:
     """The project directory, a secret outside it, and the names a hostile pylock uses."""
     write(tmp_path / "project", {"wheels/.keep": ""})
-    outside = write(tmp_path / "outside", {"secret": SECRET, wheel_name(stack_lock.stack.torch): SECRET})
-    (tmp_path / "project" / "wheels" / wheel_name(stack_lock.stack.torch)).symlink_to(
-        outside / wheel_name(stack_lock.stack.torch))
-    return {"outside": str(outside), "wheel": wheel_name(stack_lock.stack.torch)}
+    outside = write(tmp_path / "outside", {"secret": SECRET, wheel_name(stack_lock): SECRET})
+    (tmp_path / "project" / "wheels" / wheel_name(stack_lock)).symlink_to(
+        outside / wheel_name(stack_lock))
+    return {"outside": str(outside), "wheel": wheel_name(stack_lock)}
 
 
 @pytest.mark.parametrize("entry", [
@@ -154,17 +155,17 @@ def test_render_never_copies_a_local_file_from_outside_the_project(
 
 def test_local_wheels_refuse_devices_fifos_and_files_not_named_like_wheels(
         tmp_path: Path, stack_lock: lockmod.Lock) -> None:
-    """docs/faults.md Q1: /dev/zero, a FIFO, a non-wheel name are refused before any copy."""
-    torch = stack_lock.stack.torch
+    """docs/faults.md Q1: /dev/zero, a FIFO, a non-wheel name are refused before any copy (by
+    the PEP 751 reader when the entry's own file name is no wheel's, else by local_wheels)."""
+    name = wheel_name(stack_lock)
     project = write(tmp_path / "project", {"notes.txt": SECRET})
-    os.mkfifo(project / wheel_name(torch))
-    for extra, problem in [('path = "/dev/zero"', "not named like a wheel"),
-                           (f'name = "{wheel_name(torch)}", path = "/dev/zero"', "not named like a wheel"),
-                           (f'path = "{wheel_name(torch)}"', "is not a regular file"),
-                           ('path = "notes.txt"', "not named like a wheel")]:
-        pylock = read_pylock(pylock_with(stack_lock, extra))
+    os.mkfifo(project / name)
+    for extra, problem in [('path = "/dev/zero"', "Invalid wheel filename 'zero'"),
+                           (f'name = "{name}", path = "/dev/zero"', "not named like a wheel"),
+                           (f'name = "{name}", path = "notes.txt"', "not named like a wheel"),
+                           (f'path = "{name}"', "is not a regular file")]:
         with pytest.raises(UsageError, match=problem) as caught:
-            local_wheels(pylock, [project])
+            local_wheels(read_pylock(pylock_with(stack_lock, extra)), [project])
         assert SECRET not in caught.value.one_line()
 
 
@@ -172,7 +173,7 @@ def test_local_wheels_inside_the_project_or_a_named_wheelhouse_are_copied(
         tmp_path: Path, stack_lock: lockmod.Lock, capsys: pytest.CaptureFixture[str]) -> None:
     """docs/faults.md Q1: what the confinement lets through: the project's own wheels, and a
     --wheelhouse DIR named on the command line (only the pylock's wheels are taken from it)."""
-    name = wheel_name(stack_lock.stack.torch)
+    name = wheel_name(stack_lock)
     write(tmp_path / "project", {f"wheels/{name}": "wheel"})
     code, err = render_closure(tmp_path, stack_lock, f'path = "wheels/{name}"', capsys)
     assert code == 0, err
@@ -184,6 +185,23 @@ def test_local_wheels_inside_the_project_or_a_named_wheelhouse_are_copied(
     code, err = render_closure(tmp_path, stack_lock, extra, capsys, "--wheelhouse", str(house), "--force")
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "out" / "wheelhouse").iterdir()) == [name]
+
+
+def test_the_reference_pylock_reader_checks_but_stays_off_resolves_start_up() -> None:
+    """docs/faults.md Q1: packaging.pylock (PEP 751's reader) refuses what ours lets through
+    (a created-by missing, a wheel named for another package), and `resolve` never imports it."""
+    text = ('lock-version = "1.0"\n[[packages]]\nname = "a"\nversion = "1"\nwheels = [{ url = '
+            f'"https://x.invalid/b-1-py3-none-any.whl", hashes = {{ sha256 = "{SHA}" }} }}]\n')
+    with pytest.raises(UsageError, match="pylock: created-by: Missing required value"):
+        read_pylock(text)
+    with pytest.raises(UsageError, match=r"pylock: packages\[0\]\.wheels\[0\]: Name in 'b-1-py3"):
+        read_pylock('created-by = "x"\n' + text)
+    code = ("import sys; from envbuild.__main__ import fast_resolve\n"
+            "assert fast_resolve(['resolve', '--driver', '550', '--top', '1'], {}) == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith('packaging')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
+    assert "packaging.pylock" not in done.stdout.splitlines()[-1]
 
 
 def test_a_pylock_beside_the_lock_that_links_outside_is_refused(
@@ -237,6 +255,10 @@ def test_errors_quote_a_short_sanitised_token_only(tmp_path: Path) -> None:
     assert refused(root).count("***") == 1
     write(root, {"envbuild.toml": f'dependencies = ["{"y" * 300}{SECRET} !"]\n'})
     assert "envbuild.toml:1: dependencies[0]: invalid requirement 'yyy" in refused(root)
+    # the shared value checks (render/lock.py) quote the same way
+    for key in ("index-url", "base-image", "user"):
+        write(root, {"envbuild.toml": f'{key} = "{"z" * 3000}{SECRET}"\n'})
+        assert len(refused(root)) < 400
 
 
 def test_token_cuts_at_control_characters_and_length() -> None:

@@ -108,7 +108,9 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="NAME", help="the lock's target (when it has several)")
     p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
     p.add_argument("--wheelhouse", metavar="DIR",
-                   help="wheels copied into the context and preferred (air-gapped builds)")
+                   help="wheels copied into the context and preferred (air-gapped builds); with a "
+                        "locked closure, the one directory besides the lock's own that its local "
+                        "wheels may come from")
     p.add_argument("--revision", metavar="SHA",
                    help="source commit for the org.opencontainers.image.revision label "
                         "(default: $GITHUB_SHA)")

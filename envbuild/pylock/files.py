@@ -1,6 +1,7 @@
 """Read and validate a PEP 751 lock file (``pylock.toml``).
 
-Only what envbuild installs is accepted: lock-version 1.0, packages with a name and a
+The file must satisfy PEP 751's reference reader (``packaging.pylock``) and, beyond it, only
+what envbuild installs is accepted: lock-version 1.0, packages with a name and a
 version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256.
 Source trees (``vcs``, ``directory``, ``archive``) are refused. Every problem is a
 :class:`~envbuild.errors.UsageError` naming the field, as ``packages[3].wheels[0].hashes``.
@@ -87,6 +88,7 @@ def read_pylock(text: str) -> Pylock:
     if not isinstance(raw, list):
         raise UsageError("pylock: packages: missing or not an array of tables")
     packages = tuple(_package(entry, f"packages[{i}]") for i, entry in enumerate(raw))
+    _check_with_reference(data)
     seen: set[str] = set()
     for package in packages:
         if package.name in seen:
@@ -94,6 +96,22 @@ def read_pylock(text: str) -> Pylock:
                              hint="envbuild locks one version of each package")
         seen.add(package.name)
     return Pylock(lock_version=version, requires_python=requires_python, packages=packages)
+
+
+def _check_with_reference(data: dict[str, Any]) -> None:
+    """PEP 751's reference reader (``packaging.pylock``, packaging 26.1 and later) accepts
+    ``data`` too: what the checks above leave alone (created-by, wheel file names that match
+    their package's name and version, versions, markers, the types of every other key).
+    Imported here, never on resolve's start-up path."""
+    from packaging.pylock import Pylock as Reference
+    from packaging.pylock import PylockValidationError
+
+    try:
+        Reference.from_dict(data)
+    except PylockValidationError as exc:
+        where = f"{exc.context}: " if exc.context else ""
+        raise UsageError(f"pylock: {token(where + exc.message, 200)}",
+                         hint="lock again: PEP 751's reference reader refuses this file") from None
 
 
 def _package(entry: Any, where: str) -> PylockPackage:
