@@ -8,9 +8,10 @@ opened without following a link swapped in after the check (``O_NOFOLLOW``, ``fs
 the opened descriptor). It is read in bounded chunks up to a size cap. Anything else is a
 UsageError (exit 2) naming the file, never its content.
 
-An error that quotes input quotes it through :func:`token`: up to the first control
-character, at most ~100 characters, credentials masked. ``/proc/self/environ`` read as a
-requirements file must not print the environment.
+An error that quotes input quotes it through :func:`token` or :func:`quoted`: at most ~100
+characters, control characters escaped, credentials masked. ``/proc/self/environ`` named as a
+requirements file is refused unread (it is outside the project), so the environment is never
+printed; a file inside the project shows at most the first 100 characters of a bad line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ TEXT_LIMIT = 16 * 1024 * 1024  # a project file, a requirements file, a pylock
 WHEEL_LIMIT = 16 * 1024 ** 3  # the largest torch wheels are a few GB
 TOKEN_LIMIT = 100
 _CHUNK = 1024 * 1024
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 # A wheel file name (PEP 427) with nothing a shell or a Dockerfile could read as syntax: what
 # a local wheel (a --wheelhouse's, a pylock's) must be called to be copied anywhere.
 WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
@@ -38,19 +38,24 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXE
 
 
 def token(text: str, limit: int = TOKEN_LIMIT) -> str:
-    """``text`` as an error may show it: cut at its first control character and at ``limit``
-    characters (``…`` marks a cut), credentials masked."""
-    found = _CONTROL.search(text)
-    short = (text if found is None else text[:found.start()])[:limit]
-    return redact(short + ("…" if len(short) < len(text) else ""))
+    """``text`` as an error may show it: cut at ``limit`` characters (``…`` marks a cut),
+    every character that is not printable escaped (``\\n``, ``\\x00``, ``\\u2028``: no
+    line break or terminal escape reaches the error line), credentials masked."""
+    short = text[:limit] + ("…" if len(text) > limit else "")
+    return redact("".join(c if c.isprintable() else _escaped(c) for c in short))
 
 
 def quoted(text: object) -> str:
-    """``token(text)`` in quotes, as errors quote a value: ``'torch==2.3'``; a value that is
-    not a string by its type only (a nested table's repr is neither short nor safe)."""
+    """``text`` as errors quote a value, cut and escaped like ``token``: ``'2.3.1\\n'`` (what
+    ``repr`` shows, for a short value); a value that is not a string by its type only (a
+    nested table's repr is neither short nor safe)."""
     if not isinstance(text, str):
         return f"(a {type(text).__name__})"
-    return repr(token(text))
+    return redact(repr(text[:TOKEN_LIMIT] + ("…" if len(text) > TOKEN_LIMIT else "")))
+
+
+def _escaped(char: str) -> str:
+    return char.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 def confined(path: Path, roots: Sequence[Path] | None, what: str, *,

@@ -16,7 +16,7 @@ import pytest
 
 from envbuild.__main__ import main as envbuild_main
 from envbuild.commands.cli import main
-from envbuild.confine import token
+from envbuild.confine import quoted, token
 from envbuild.data import matrix as matrixmod
 from envbuild.errors import UsageError
 from envbuild.project.config import load_project
@@ -244,11 +244,13 @@ def test_the_working_directory_is_a_root_only_when_it_holds_the_project(tmp_path
 
 def test_errors_quote_a_short_sanitised_token_only(tmp_path: Path) -> None:
     """docs/faults.md Q2: an in-project file may hold secrets: the error shows at most ~100
-    characters of the bad line, up to its first control character, credentials masked."""
+    characters of the bad line, control characters escaped, credentials masked."""
     root = write(tmp_path, {"envbuild.toml": 'requirements = ["r.txt"]\n'})
-    (root / "r.txt").write_bytes(b"MY_TOKEN=abc\x00OTHER=" + SECRET.encode() + b"\n")
+    (root / "r.txt").write_bytes(b"MY_TOKEN=" + b"a" * 120 + b"\x00OTHER=" + SECRET.encode() + b"\n")
     line = refused(root)
-    assert "r.txt:1: invalid requirement 'MY_TOKEN=abc…'" in line and "OTHER" not in line
+    assert f"r.txt:1: invalid requirement 'MY_TOKEN={'a' * 91}…'" in line and "OTHER" not in line
+    (root / "r.txt").write_bytes(b"bad\x1b[31m\x00red\n")
+    assert "invalid requirement 'bad\\x1b[31m\\x00red'" in refused(root)
     (root / "r.txt").write_text("x " * 3000 + SECRET + "\n")
     assert len(refused(root)) < 400
     (root / "r.txt").write_text(f"pkg @ https://user:{SECRET}@host/x.whl ; bad ! marker\n")
@@ -261,9 +263,10 @@ def test_errors_quote_a_short_sanitised_token_only(tmp_path: Path) -> None:
         assert len(refused(root)) < 400
 
 
-def test_token_cuts_at_control_characters_and_length() -> None:
-    assert token("abc\x1b[31mred") == "abc…"
+def test_token_escapes_control_characters_and_cuts_at_100() -> None:
+    assert token("abc\x1b[31mred\n\u2028\ud800") == "abc\\x1b[31mred\\n\\u2028\\ud800"
     assert token("a" * 150) == "a" * 100 + "…"
+    assert quoted("2.3.1\n") == "'2.3.1\\n'" and quoted(["x"]) == "(a list)"
     assert token("https://u:pw@host/x") == "https://***@host/x"
     assert token("plain") == "plain"
 
@@ -323,10 +326,11 @@ def test_a_5000_digit_version_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     digits = "1" * 5000
     assert "invalid torch version: longer than 100 characters" in refused(
         write(tmp_path, {"envbuild.toml": f'torch = "{digits}"\n'}))
-    for option in ("--torch", "--python", "--cuda", "--driver"):
-        assert envbuild_main(["resolve", option, digits], {}) == 2
+    for option in ("--torch", "--python", "--cuda", "--driver", "--top"):
+        assert envbuild_main(["resolve", option, digits, *(["--driver", "550"] * (option == "--top"))],
+                             {}) == 2
         err = capsys.readouterr().err
-        assert err.startswith("envbuild: error[usage]: invalid") and len(err) < 400
+        assert err.startswith("envbuild: error[usage]: ") and len(err) < 400, err[:200]
 
 
 def test_line_of_is_linear_for_40000_dependencies(tmp_path: Path) -> None:

@@ -46,8 +46,10 @@ def warn_all(messages: Iterable[str]) -> None:
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) < 1:
+        from envbuild.confine import quoted  # a 5000-digit value is cut, never printed whole
+
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {quoted(text)}")
     return int(text)
 
 

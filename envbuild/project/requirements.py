@@ -28,6 +28,7 @@ from envbuild.errors import UsageError
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
 _HINT_OUTSIDE = "requirements files must lie inside the project's directory"
 MAX_INCLUDE_DEPTH = 64  # nested -r includes
@@ -54,7 +55,10 @@ class Gathered:
         deps: set[str] = set()
         torch: set[str] = set()
         for text, _ in self.requirements:
-            name = canonicalize_name(Requirement(text).name)
+            # checked by check_requirement already: its name is the leading PEP 508 name (not
+            # parsed again: 40,000 dependencies would pay packaging's parser twice)
+            found = _NAME_RE.match(text)
+            name = canonicalize_name(found.group(0) if found else Requirement(text).name)
             (torch if name in TORCH_NAMES else deps).add(text)
         return tuple(sorted(deps)), tuple(sorted(torch))
 
