@@ -83,7 +83,9 @@ def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
             values[dest] = value
         i += 1
     top, flavor = values.get("top", "10"), values.get("flavor", "runtime")
-    if flavor not in ("runtime", "devel") or not (top.isascii() and top.isdigit() and int(top) >= 1):
+    # at most 6 digits: int() refuses a 5000-digit string (ValueError), which the CLI reports
+    if flavor not in ("runtime", "devel") or not (top.isascii() and top.isdigit() and len(top) <= 6
+                                                  and int(top) >= 1):
         return None
     from envbuild.resolver.selection import Selectors
 

@@ -152,7 +152,7 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
             dest = tmp / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(data, Path):
-                shutil.copyfile(data, dest)
+                _copy_regular(data, dest)
             else:
                 dest.write_bytes(data)
             os.chmod(dest, FILE_MODE)
@@ -164,6 +164,17 @@ def write_tree(files: Mapping[str, FileData], target: Path) -> None:
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _naming(exc, current) from None
+
+
+def _copy_regular(source: Path, dest: Path) -> None:
+    """Copy ``source`` only if it is itself a regular file (see confine.open_regular): a link
+    swapped in after render checked it could pull any file into the output, a FIFO hang it,
+    /dev/zero fill the disk."""
+    from envbuild.confine import WHEEL_LIMIT, open_regular
+
+    fd = open_regular(source, str(source), limit=WHEEL_LIMIT)
+    with os.fdopen(fd, "rb") as handle, open(dest, "wb") as out:
+        shutil.copyfileobj(handle, out, 1024 * 1024)
 
 
 def _swap_in(tmp: Path, target: Path) -> None:

@@ -393,7 +393,7 @@ def test_extras_and_groups_problems(tmp_path: Path) -> None:
                                                          "[tool.envbuild]\n"})
     assert "pyproject.toml:3: project.dynamic: dynamic dependencies cannot be read" in message
     message = refused(tmp_path / "f", {"envbuild.toml": 'pyproject = "pyproject.toml"\n'})
-    assert "envbuild.toml:1: pyproject: pyproject.toml cannot be read" in message
+    assert "envbuild.toml:1: pyproject: pyproject.toml does not exist" in message
 
 
 def test_group_names_are_normalized(tmp_path: Path) -> None:

@@ -282,7 +282,7 @@ def test_index_hash_check_reads_json_and_html(index: Index, uv_env: dict[str, st
     """The check behind docs/faults.md H22: a sha256 that differs from the index's page is
     refused as well as a missing one; PEP 691 JSON pages are read as the HTML ones."""
     good = fake_sha256("idna-3.0-py3-none-any.whl")
-    text = ('lock-version = "1.0"\n[[packages]]\nname = "idna"\nversion = "3.0"\n'
+    text = ('lock-version = "1.0"\ncreated-by = "tests"\n[[packages]]\nname = "idna"\nversion = "3.0"\n'
             f'wheels = [{{ url = "http://127.0.0.1:{index.port}/default/files/idna-3.0-py3-none-any.whl", '
             f'hashes = {{ sha256 = "{{}}" }} }}]\n')
     check_index_hashes(read_pylock(text.replace("{}", good)), lambda _: index.url("default"),
@@ -356,7 +356,7 @@ def test_uv_timeout(index: Index, uv_env: dict[str, str], tmp_path: Path) -> Non
 def pylock_text(wheels: dict[str, list[str]], *, base: str = "https://files.example.invalid/") -> str:
     lines = ['lock-version = "1.0"', 'created-by = "tests"', ""]
     for name, files in wheels.items():
-        version = files[0].split("-")[1]
+        version = files[0].rsplit("/", 1)[-1].split("-")[1]
         entries = ", ".join(
             f'{{ url = "{f if "://" in f else base + f}", '
             f'hashes = {{ sha256 = "{fake_sha256(f.rsplit("/", 1)[-1])}" }} }}' for f in files)
@@ -387,10 +387,12 @@ def test_wheel_choice_cp311_then_abi3_then_py3() -> None:
     assert str(tags[0]) == "cp311-cp311-manylinux_2_35_x86_64" and str(tags[-1]) == "py30-none-any"
 
 
-def test_file_urls_rewritten_to_local_dir() -> None:
+def test_file_urls_rewritten_to_local_dir(tmp_path: Path) -> None:
     """docs/faults.md H27: a file:// wheel needs the build context's wheelhouse."""
     torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-    pylock = read_pylock(pylock_text({"torch": [f"file:///opt/wheels/{torch}"],
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / torch).write_bytes(b"wheel")
+    pylock = read_pylock(pylock_text({"torch": [f"file://{tmp_path}/wheels/{torch}"],
                                       "idna": ["idna-3.0-py3-none-any.whl"]}))
     lines = install_requirements(pylock, ["torch", "idna"], python="3.11", glibc="2.35",
                                  local_dir="/opt/envbuild/wheels")
@@ -402,7 +404,7 @@ def test_file_urls_rewritten_to_local_dir() -> None:
     with pytest.raises(UsageError, match=re.escape(refused)):
         install_requirements(pylock, ["torch"], python="3.11", glibc="2.35")
     assert install_requirements(pylock, ["idna"], python="3.11", glibc="2.35")  # not local: no need
-    assert local_wheels(pylock) == [Path(f"/opt/wheels/{torch}")]
+    assert local_wheels(pylock, [tmp_path]) == [tmp_path / "wheels" / torch]
     with pytest.raises(UsageError, match="the pylock has no package 'numpy'"):
         install_requirements(pylock, ["numpy"], python="3.11", glibc="2.35")
 
@@ -417,7 +419,8 @@ def test_install_lines_are_what_pip_installs(tmp_path: Path) -> None:
     (wheelhouse / filename).write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
     for digest, ok in ((sha, True), (fake_sha256(filename), False)):
-        text = ('lock-version = "1.0"\n[[packages]]\nname = "tinypkg"\nversion = "1.0"\n'
+        text = ('lock-version = "1.0"\ncreated-by = "tests"\n'
+                '[[packages]]\nname = "tinypkg"\nversion = "1.0"\n'
                 f'wheels = [{{ url = "file:///elsewhere/{filename}", '
                 f'hashes = {{ sha256 = "{digest}" }} }}]\n')
         requirements = tmp_path / "req.txt"

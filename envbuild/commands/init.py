@@ -74,6 +74,7 @@ def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[s
 
 
 def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from envbuild.confine import read_confined
     from envbuild.project.config import PYPROJECT, project_from_text, shown_path
     from envbuild.project.init import InitValues, render_project
     from envbuild.project.toml import parse
@@ -101,7 +102,8 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     pyproject = None
     beside = output.parent / PYPROJECT
     if not args.print_block and beside.is_file():
-        document = parse(beside.read_bytes().decode("utf-8", "replace"), shown_path(beside, cwd))
+        data = read_confined(beside, [output.parent], f"{PYPROJECT} beside the output")
+        document = parse(data.decode("utf-8", "replace"), shown_path(beside, cwd))
         pyproject = PYPROJECT if isinstance(document.get("project"), dict) else None
     values = InitValues(
         target=args.target, driver=driver, gpus=tuple(gpus), archs=tuple(archs),

@@ -46,8 +46,10 @@ def warn_all(messages: Iterable[str]) -> None:
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) < 1:
+        from envbuild.confine import quoted  # a 5000-digit value is cut, never printed whole
+
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {quoted(text)}")
     return int(text)
 
 
@@ -108,7 +110,9 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="NAME", help="the lock's target (when it has several)")
     p.add_argument("--ca-bundle", metavar="FILE", help="PEM bundle trusted during the build")
     p.add_argument("--wheelhouse", metavar="DIR",
-                   help="wheels copied into the context and preferred (air-gapped builds)")
+                   help="wheels copied into the context and preferred (air-gapped builds); with a "
+                        "locked closure, the one directory besides the lock's own that its local "
+                        "wheels may come from")
     p.add_argument("--revision", metavar="SHA",
                    help="source commit for the org.opencontainers.image.revision label "
                         "(default: $GITHUB_SHA)")

@@ -101,6 +101,8 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     name, lock = lockset.select(args.target)
     # A closure's image carries a lock set of its own target; a stack-only lock stays as it was.
     carried = lockset.only(name).to_json() if lock.pylock is not None else None
+    # Its local wheels come only from the lock's directory (the project's) or --wheelhouse.
+    options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,))
     return lock, render_docker(lock, options, peaks=peaks_json(matrix), lockset_json=carried)
 
 

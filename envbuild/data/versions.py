@@ -33,6 +33,14 @@ def _usage(message: str, hint: str) -> Exception:
     return UsageError(message, hint=hint)
 
 
+def _quoted(text: str) -> str:
+    """``text`` as an error may quote it (confine.quoted: short, no control characters),
+    imported only on the error path: resolve's start-up imports nothing more."""
+    from envbuild.confine import quoted
+
+    return quoted(text)
+
+
 def _digits(text: str, low: int, high: int) -> bool:
     """``low`` to ``high`` decimal digits (any script's, as the regex ``\\d`` allowed)."""
     return low <= len(text) <= high and text.isdecimal()
@@ -79,7 +87,7 @@ class DriverVersion:
         parts = text.split(".")
         if not (text.isascii() and len(parts) <= 3 and _digits(parts[0], 3, 3)
                 and all(_digits(p, 1, 3) for p in parts[1:])):
-            raise _usage(f"invalid driver version {text!r}",
+            raise _usage(f"invalid driver version {_quoted(text)}",
                          "give the NVIDIA driver as nvidia-smi prints it: 550, 550.54 or 550.54.15")
         return cls(int(parts[0]), *_tail(parts), text=text)
 
@@ -157,7 +165,7 @@ def parse_version(kind: str, text: str) -> Version:
     try:
         return Version(text)
     except InvalidVersion:
-        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
+        raise _usage(f"invalid {kind} version {_quoted(text)}", _VERSION_HINT) from None
 
 
 class Requirement:
@@ -310,9 +318,9 @@ def parse_requirement(kind: str, text: str) -> Requirement:
     try:
         spec = SpecifierSet(text)
     except InvalidSpecifier:
-        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
+        raise _usage(f"invalid {kind} version {_quoted(text)}", _VERSION_HINT) from None
     if any(s.version.endswith(".*") and s.operator not in ("==", "!=") for s in spec):
-        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
+        raise _usage(f"invalid {kind} version {_quoted(text)}", _VERSION_HINT)
     return Requirement(kind=kind, text=text, spec=text, specifier=spec)
 
 
@@ -320,7 +328,7 @@ def _bare_version_requirement(kind: str, text: str) -> Requirement:
     if text.endswith(".*"):  # "2.3.*" is the same series as "2.3"
         text = text[:-2]
         if "*" in text:
-            raise _usage(f"invalid {kind} version {text + '.*'!r}", _VERSION_HINT)
+            raise _usage(f"invalid {kind} version {_quoted(text + '.*')}", _VERSION_HINT)
     public, plus, local = text.partition("+")
     release = _plain_release(public)
     if release is not None and (not plus or (local.isascii() and local.isalnum()
@@ -332,9 +340,9 @@ def _bare_version_requirement(kind: str, text: str) -> Requirement:
     try:
         version = Version(text)
     except InvalidVersion:
-        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT) from None
+        raise _usage(f"invalid {kind} version {_quoted(text)}", _VERSION_HINT) from None
     if version.local is not None and text.count("+") != 1:
-        raise _usage(f"invalid {kind} version {text!r}", _VERSION_HINT)
+        raise _usage(f"invalid {kind} version {_quoted(text)}", _VERSION_HINT)
     requirement = _series_or_release(kind, text, version.public, len(version.release),
                                      version.local)
     requirement.specifier  # noqa: B018 - built now: a series packaging refuses fails here, as ever
@@ -348,10 +356,16 @@ def _series_or_release(kind: str, text: str, public: str, components: int,
     return Requirement(kind=kind, text=text, spec=spec, local=local)
 
 
+_MAX_SPEC = 100
+
+
 def _reject_odd_characters(kind: str, text: str) -> None:
+    if len(text) > _MAX_SPEC:  # a 5000-digit version is no version (and int() refuses it)
+        raise _usage(f"invalid {kind} version: longer than {_MAX_SPEC} characters",
+                     "write a version such as 2.3.1, or a range such as >=2.3,<2.5")
     if not text or not _SPEC_CHARS.issuperset(text):
         raise _usage(
-            f"invalid {kind} version {text!r}",
+            f"invalid {kind} version {_quoted(text)}",
             "only digits, letters, '.', '*', ',', '+' and comparison operators are allowed",
         )
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import io
 import os
-import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,18 +35,9 @@ def context_tar(files: Mapping[str, FileData], out: IO[bytes]) -> None:
 def _open_regular(path: Path) -> IO[bytes]:
     """``path`` opened only if it is itself a regular file: a symbolic link (swapped in after
     render checked the wheelhouse) could pull any file into the context, a FIFO hang it."""
-    from envbuild.errors import UsageError
+    from envbuild.confine import WHEEL_LIMIT, open_regular
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UsageError(f"{path} is a symbolic link", hint="copy the file itself there") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"{path} is not a regular file", hint="copy the file itself there")
-    return os.fdopen(fd, "rb")
+    return os.fdopen(open_regular(path, str(path), limit=WHEEL_LIMIT), "rb")
 
 
 def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envbuild.confine import quoted, read_confined, token
 from envbuild.errors import UsageError
 from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
@@ -52,7 +53,8 @@ def _check_driver(text: str) -> str:
 
 def _check_gpu(text: str) -> str:
     if not (0 < len(text) <= 80 and _GPU_NAME_CHARS.issuperset(text)):
-        raise UsageError(f"invalid GPU name {text!r}", hint="letters, digits, spaces and . _ - ( ) / only")
+        raise UsageError(f"invalid GPU name {quoted(text)}",
+                         hint="letters, digits, spaces and . _ - ( ) / only")
     return text
 
 
@@ -82,7 +84,7 @@ def _check_python(text: str) -> str:
 
 def _check_ubuntu(text: str) -> str:
     if not re.fullmatch(r"[0-9]{2}\.[0-9]{2}", text):
-        raise UsageError(f"invalid Ubuntu release {text!r}", hint="write it as 22.04 or 24.04")
+        raise UsageError(f"invalid Ubuntu release {quoted(text)}", hint="write it as 22.04 or 24.04")
     return text
 
 
@@ -90,13 +92,13 @@ def _check_variant(text: str) -> str:
     from envbuild.smoke.rules import is_variant_selector
 
     if not is_variant_selector(text):
-        raise UsageError(f"invalid wheel variant {text!r}", hint="write it as cu124, cpu or default")
+        raise UsageError(f"invalid wheel variant {quoted(text)}", hint="write it as cu124, cpu or default")
     return text
 
 
 def _check_flavor(text: str) -> str:
     if text not in ("runtime", "devel"):
-        raise UsageError(f"invalid flavor {text!r}", hint="runtime or devel")
+        raise UsageError(f"invalid flavor {quoted(text)}", hint="runtime or devel")
     return text
 
 
@@ -111,14 +113,14 @@ def _lock_check(name: str, key: str) -> Callable[[str], str]:
 
 def _check_target_name(text: str) -> str:
     if not TARGET_NAME_RE.fullmatch(text):
-        raise UsageError(f"invalid target name {text!r}",
+        raise UsageError(f"invalid target name {quoted(text)}",
                          hint="1 to 32 of a-z 0-9 _ -, starting with a letter or digit")
     return text
 
 
 def _check_mirror_host(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?", text):
-        raise UsageError(f"invalid registry host {text!r}", hint="a registry host name, e.g. docker.io")
+        raise UsageError(f"invalid registry host {quoted(text)}", hint="a registry host name, e.g. docker.io")
     return text
 
 
@@ -152,7 +154,7 @@ class _Reader:
 
     def where(self, path: KeyPath, *, absolute: bool = False) -> str:
         full = list(path) if absolute else [*self.prefix, *path]
-        return f"{self.shown}:{line_of(self.text, full)}: {dotted(full)}"
+        return f"{self.shown}:{line_of(self.text, full)}: {token(dotted(full), 200)}"
 
     def fail(self, path: KeyPath, problem: str, hint: str = "") -> UsageError:
         return UsageError(f"{self.where(path)}: {problem}", hint=hint)
@@ -167,8 +169,8 @@ class _Reader:
         for key in table:
             if key not in known:
                 close = difflib.get_close_matches(key.replace("_", "-"), known, n=1, cutoff=0.6)
-                raise self.fail([*path, key], "unknown key",
-                                f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}")
+                raise self.fail([*path, key], "unknown key", f"did you mean {quoted(close[0])}?"
+                                if close else f"known keys: {', '.join(known)}")
 
     def string(self, table: Mapping[str, Any], key: str, path: KeyPath) -> str | None:
         value = table.get(key)
@@ -295,19 +297,15 @@ def shown_path(path: Path, cwd: Path) -> str:
 
 
 def _read_text(path: Path, shown: str) -> tuple[bytes, str]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"project file {shown} does not exist",
-                         hint="check the path, or run 'envbuild init' to write one") from None
-    except IsADirectoryError:
-        raise UsageError(f"project file {shown} is a directory", hint="name the file") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read project file {shown}: {exc.strerror}") from None
+    """The project file's bytes and text: a regular file of bounded size inside its own
+    directory once links are resolved (a link to /proc/self/environ is refused, unread)."""
+    what = f"project file {token(shown)}"
+    data = read_confined(path, [path.parent], what,
+                         missing_hint="check the path, or run 'envbuild init' to write one")
     try:
         return data, data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{shown}:1: not UTF-8 text") from None
+        raise UsageError(f"{token(shown)}:1: not UTF-8 text") from None
 
 
 def find_project_file(path: Path | None, cwd: Path) -> Path:
@@ -399,7 +397,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     find_links = _find_links(reader, table, root)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
-        raise reader.fail(["installer"], f"unknown installer {installer!r}",
+        raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
                           "uv (the default: parallel downloads) or pip (the image's own)")
     files = sorted({(_relative(p, root), d) for p, d in sources})
     return Project(
@@ -418,6 +416,15 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         find_links=find_links, registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
+
+
+def project_roots(root: Path, cwd: Path) -> list[Path]:
+    """Where files the project file names may lie: its own directory, and the working
+    directory when that holds the project file (``-o sub/project.toml`` naming ``../r.txt``)
+    and is not the file system's root (a container's ``/`` would let everything in)."""
+    real_root, real_cwd = Path(os.path.realpath(root)), Path(os.path.realpath(cwd))
+    inside = real_root == real_cwd or real_cwd in real_root.parents
+    return [root, cwd] if inside and real_cwd != Path(real_cwd.anchor) else [root]
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -466,11 +473,11 @@ def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[s
         pyproject = (document, lambda p: reader.where(p, absolute=True))
     elif pyproject_name is not None:
         other = root / pyproject_name
-        other_shown = shown_path(other, cwd)
+        other_shown = token(shown_path(other, cwd))
         try:
-            data = other.read_bytes()
-        except OSError:
-            raise reader.fail(["pyproject"], f"{other_shown} cannot be read (missing?)") from None
+            data = read_confined(other, project_roots(root, cwd), other_shown)
+        except UsageError as exc:
+            raise reader.fail(["pyproject"], exc.message, exc.hint) from None
         sources.append((other, data))
         try:
             other_text = data.decode("utf-8")
@@ -492,7 +499,7 @@ def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[s
     seen: set[Path] = set()
     for i, name in enumerate(reader.strings(table, "requirements", [])):
         reqs.read_requirements_file(root / name, lambda p: shown_path(p, cwd), gathered, seen,
-                                    reader.where(["requirements", i]))
+                                    reader.where(["requirements", i]), project_roots(root, cwd))
     sources += gathered.files
     for i, text in enumerate(reader.strings(table, "dependencies", [])):
         here = reader.where(["dependencies", i])
@@ -514,7 +521,7 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
             continue
         directory = root / link
         if not directory.is_dir():
-            raise reader.fail(["find-links", i], f"{link} is not a directory",
+            raise reader.fail(["find-links", i], f"{quoted(link)} is not a directory",
                               "an http(s) URL or a directory of wheels, relative to the project file")
         links.append(os.path.abspath(directory))
     return tuple(links)

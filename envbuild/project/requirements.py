@@ -22,12 +22,18 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
+_HINT_OUTSIDE = "requirements files must lie inside the project's directory"
+MAX_INCLUDE_DEPTH = 64  # nested -r includes
+MAX_FILES = 1000  # requirements files in all
+MAX_GROUP_DEPTH = 64  # nested {include-group = ...}
 
 # Where a problem is: "FILE:LINE: KEY" (the caller's words for the place).
 Where = str
@@ -49,7 +55,10 @@ class Gathered:
         deps: set[str] = set()
         torch: set[str] = set()
         for text, _ in self.requirements:
-            name = canonicalize_name(Requirement(text).name)
+            # checked by check_requirement already: its name is the leading PEP 508 name (not
+            # parsed again: 40,000 dependencies would pay packaging's parser twice)
+            found = _NAME_RE.match(text)
+            name = canonicalize_name(found.group(0) if found else Requirement(text).name)
             (torch if name in TORCH_NAMES else deps).add(text)
         return tuple(sorted(deps)), tuple(sorted(torch))
 
@@ -60,19 +69,19 @@ def check_requirement(text: str, where: Where) -> str:
     if not text:
         raise usage(where, "empty requirement")
     if text.startswith(("-e", "--editable")):
-        raise usage(where, f"editable requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"editable requirement {quoted(text)} is not allowed", _HINT_INDEX)
     lowered = text.lower()
     if lowered.startswith(VCS_SCHEMES):
-        raise usage(where, f"VCS requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if lowered.startswith("file:") or text.startswith((".", "/", "~")):
-        raise usage(where, f"local path requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise usage(where, f"direct URL requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"direct URL requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if "@" not in text and lowered.endswith((".whl", ".tar.gz", ".zip")):
-        raise usage(where, f"local path requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if text.startswith("-"):
         option = text.split()[0].split("=")[0]
-        raise usage(where, f"pip option {option} is not allowed here",
+        raise usage(where, f"pip option {token(option)} is not allowed here",
                     "put indexes and find-links in the project file (index-url, find-links)")
     try:
         requirement = Requirement(text)
@@ -81,13 +90,15 @@ def check_requirement(text: str, where: Where) -> str:
         if flag:  # a per-requirement option (--hash, --config-settings …)
             raise usage(where, f"pip option {flag.group(1)} is not allowed here",
                         "envbuild pins hashes itself, in the lock") from None
-        raise usage(where, f"invalid requirement {text!r}: {exc}",
+        # packaging's message quotes the whole line under its first line: only that first line
+        reason = token(str(exc).partition("\n")[0])
+        raise usage(where, f"invalid requirement {quoted(text)}: {reason}",
                     "write a PEP 508 requirement, e.g. requests>=2.31") from None
     if requirement.url is not None:
         url = requirement.url.lower()
         kind = ("VCS" if url.startswith(VCS_SCHEMES) else
                 "local path" if url.startswith("file:") else "direct URL")
-        raise usage(where, f"{kind} requirement {text!r} is not allowed", _HINT_INDEX)
+        raise usage(where, f"{kind} requirement {quoted(text)} is not allowed", _HINT_INDEX)
     return text
 
 
@@ -115,36 +126,38 @@ def logical_lines(text: str) -> Iterable[tuple[int, str]]:
 
 
 def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gathered,
-                           seen: set[Path], where: Where) -> None:
+                           seen: set[Path], where: Where, roots: Sequence[Path], depth: int = 0) -> None:
     """Add ``path``'s requirements (and its ``-r`` includes) to ``out``; ``where`` names
-    the line that asked for the file, for a missing one. A file already read is skipped,
-    so include cycles end."""
-    real = path.resolve()
-    if real in seen:
-        return
+    the line that asked for the file, for a missing one. The file must lie inside ``roots``
+    (links resolved) and be a regular file of bounded size. A file already read is skipped,
+    so include cycles end; includes nest at most ``MAX_INCLUDE_DEPTH`` deep, and at most
+    ``MAX_FILES`` files are read."""
+    what = f"requirements file {token(shown(path))}"
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise usage(where, f"requirements file {shown(path)} does not exist",
-                    "check the path (relative to the file naming it)") from None
-    except IsADirectoryError:
-        raise usage(where, f"requirements file {shown(path)} is a directory") from None
-    except OSError as exc:
-        raise usage(where, f"cannot read requirements file {shown(path)}: {exc.strerror}") from None
+        real = confined(path, roots, what, outside_hint=_HINT_OUTSIDE)
+        if real in seen:
+            return
+        if depth > MAX_INCLUDE_DEPTH or len(seen) >= MAX_FILES:
+            raise UsageError(f"too many requirements files ({what}: more than {MAX_INCLUDE_DEPTH} "
+                             f"nested -r includes or {MAX_FILES} files)", hint="flatten the includes")
+        data = read_regular(real, what, missing_hint="check the path (relative to the file naming it)")
+    except UsageError as exc:
+        raise usage(where, exc.message, exc.hint) from None
     seen.add(real)
     out.files.append((path, data))
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise usage(f"{shown(path)}:1", "not UTF-8 text") from None
+        raise usage(f"{token(shown(path))}:1", "not UTF-8 text") from None
     for number, line in logical_lines(text):
-        here = f"{shown(path)}:{number}"
+        here = f"{token(shown(path))}:{number}"
         include = re.fullmatch(r"(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)", line)
         if include:
-            read_requirements_file(path.parent / include.group(1), shown, out, seen, here)
+            read_requirements_file(path.parent / include.group(1), shown, out, seen, here, roots,
+                                   depth + 1)
             continue
         if line.startswith(("-r", "--requirement")):
-            raise usage(here, f"malformed include {line!r}", "write -r other.txt")
+            raise usage(here, f"malformed include {quoted(line)}", "write -r other.txt")
         out.requirements.append((check_requirement(line, here), here))
 
 
@@ -159,14 +172,16 @@ def _strings(value: Any, where: Where) -> list[str]:
 
 def _pick(name: str, table: Mapping[str, Any], where: Where, what: str) -> str:
     """The key of ``table`` that ``name`` means (names compared normalized), else UsageError."""
+    if name in table:  # as written: no need to normalize every key (a long include chain)
+        return name
     wanted = canonicalize_name(name)
     for key in table:
         if canonicalize_name(key) == wanted:
             return key
     close = difflib.get_close_matches(name, list(table), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else (
-        f"known: {', '.join(sorted(table))}" if table else f"the pyproject defines no {what}s")
-    raise usage(where, f"unknown {what} {name!r}", hint)
+    hint = f"did you mean {quoted(close[0])}?" if close else (
+        f"known: {token(', '.join(sorted(table)))}" if table else f"the pyproject defines no {what}s")
+    raise usage(where, f"unknown {what} {quoted(name)}", hint)
 
 
 def project_dependencies(project: Mapping[str, Any], extras: Sequence[str], asked: Where,
@@ -176,8 +191,8 @@ def project_dependencies(project: Mapping[str, Any], extras: Sequence[str], aske
     if "dependencies" in project.get("dynamic", ()):
         raise usage(where(["project", "dynamic"]), "dynamic dependencies cannot be read",
                     "list them in [project.dependencies], or use a requirements file")
-    found = [(check_requirement(t, where(["project", "dependencies"])), where(["project", "dependencies"]))
-             for t in _strings(project.get("dependencies", []), where(["project", "dependencies"]))]
+    here = where(["project", "dependencies"])  # once: not once per dependency
+    found = [(check_requirement(t, here), here) for t in _strings(project.get("dependencies", []), here)]
     optional = project.get("optional-dependencies", {})
     if not isinstance(optional, dict):
         raise usage(where(["project", "optional-dependencies"]), "expected a table")
@@ -213,7 +228,11 @@ def dependency_groups(document: Mapping[str, Any], groups: Sequence[str], asked:
         key = _pick(name, table, by, "dependency group")
         if key in chain:
             raise usage(where(["dependency-groups", key]),
-                        f"dependency group cycle: {' -> '.join([*chain, key])}")
+                        f"dependency group cycle: {token(' -> '.join([*chain, key]))}")
+        if len(chain) >= MAX_GROUP_DEPTH:
+            raise usage(where(["dependency-groups", key]),
+                        f"dependency groups include each other more than {MAX_GROUP_DEPTH} deep",
+                        "flatten the includes")
         if key in done:
             return
         here = where(["dependency-groups", key])
@@ -227,7 +246,7 @@ def dependency_groups(document: Mapping[str, Any], groups: Sequence[str], asked:
                     isinstance(entry["include-group"], str):
                 visit(entry["include-group"], (*chain, key), here)
             else:
-                raise usage(here, f"unexpected entry {entry!r}",
+                raise usage(here, f"unexpected entry (a {type(entry).__name__})",
                             "a requirement string or {include-group = \"name\"}")
         done.add(key)
 

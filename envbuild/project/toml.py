@@ -8,11 +8,14 @@ line, and the table's header line otherwise.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from envbuild.confine import token
 from envbuild.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -26,6 +29,8 @@ KeyPath = Sequence[str | int]
 
 _HEADER_RE = re.compile(r"\s*(\[\[?)\s*([^\]\[#]+?)\s*\]\]?\s*(?:#.*)?$")
 _WHERE_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
+# A key at the start of a line (bare, "double" or 'single' quoted), then '=' or '.' (dotted).
+_KEY_RE = re.compile(r"""\s*(?:([A-Za-z0-9_-]+)|"([^"]*)"|'([^']*)')\s*[=.]""")
 
 
 def parse(text: str, shown: str) -> dict[str, Any]:
@@ -38,8 +43,11 @@ def parse(text: str, shown: str) -> dict[str, Any]:
         message = str(exc)
         found = _WHERE_RE.search(message)
         line = found.group(1) if found else "1"
-        raise UsageError(f"{shown}:{line}: TOML syntax error: {message}",
+        raise UsageError(f"{shown}:{line}: TOML syntax error: {token(message, 200)}",
                          hint="fix the file; nothing was written") from None
+    except RecursionError:  # arrays or inline tables nested ~1000 deep: the parser recurses
+        raise UsageError(f"{shown}: arrays or tables nested too deep to read",
+                         hint="no project file or lock needs more than a few levels") from None
 
 
 def dotted(path: KeyPath) -> str:
@@ -58,63 +66,67 @@ def _header_name(raw: str) -> tuple[str, ...]:
     return tuple(p.strip().strip("\"'") for p in raw.split("."))
 
 
-def _headers(lines: Sequence[str]) -> list[tuple[int, tuple[str, ...], bool]]:
-    """(line number, table name, is an array-of-tables header) for each header line."""
-    found = []
-    for number, line in enumerate(lines, start=1):
-        match = _HEADER_RE.match(line)
-        if match:
-            found.append((number, _header_name(match.group(2)), match.group(1) == "[["))
-    return found
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Index:
+    """One text's tables and keys, found once: line_of then answers in a few lookups (a file
+    of 40,000 dependencies asks for thousands of lines)."""
+
+    tables: dict[tuple[str, ...], int]  # [name] → its header's line
+    arrays: dict[tuple[str, ...], list[int]]  # [[name]] → each header's line, in order
+    keys: dict[int, dict[str, int]]  # header line (0: the root) → {key: its first line}
 
 
-def _table_line(headers: list[tuple[int, tuple[str, ...], bool]],
-                prefix: KeyPath) -> int | None:
+@functools.lru_cache(maxsize=8)
+def _index(text: str) -> _Index:
+    tables: dict[tuple[str, ...], int] = {}
+    arrays: dict[tuple[str, ...], list[int]] = {}
+    keys: dict[int, dict[str, int]] = {0: {}}
+    block = keys[0]
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER_RE.match(line)
+        if header:
+            name = _header_name(header.group(2))
+            if header.group(1) == "[[":
+                arrays.setdefault(name, []).append(number)
+            else:
+                tables.setdefault(name, number)
+            block = keys.setdefault(number, {})
+            continue
+        key = _KEY_RE.match(line)
+        if key:
+            block.setdefault(next(g for g in key.groups() if g is not None), number)
+    return _Index(tables=tables, arrays=arrays, keys=keys)
+
+
+def _table_line(index: _Index, prefix: KeyPath) -> int | None:
     """The header line of the table ``prefix`` names (0 for the root table), or None."""
     if not prefix:
         return 0
-    index: int | None = None
     names = list(prefix)
-    last = names[-1]
-    if isinstance(last, int):
-        index = last
-        names.pop()
+    last = names.pop() if isinstance(names[-1], int) else None
     if not all(isinstance(n, str) for n in names):
         return None
     name = tuple(str(n) for n in names)
-    seen = 0
-    for number, header, is_array in headers:
-        if header != name:
-            continue
-        if index is None and not is_array:
-            return number
-        if index is not None and is_array:
-            if seen == index:
-                return number
-            seen += 1
-    return None
+    if last is None:
+        return index.tables.get(name)
+    lines = index.arrays.get(name, [])
+    return lines[int(last)] if 0 <= int(last) < len(lines) else None
 
 
 def line_of(text: str, path: KeyPath) -> int:
     """The line ``path`` was written on, as near as the text tells: the key's own line in
     the deepest table that has it (a dotted or inline key is found in its parent table),
     else the deepest table header on the path, else 1."""
-    lines = text.splitlines()
-    headers = _headers(lines)
-    starts = [h[0] for h in headers]
+    index = _index(text)
     fallback: int | None = None
     for cut in range(len(path), -1, -1):
-        start = _table_line(headers, path[:cut])
+        start = _table_line(index, path[:cut])
         if start is None:
             continue
         if fallback is None:
             fallback = max(start, 1)
-        following = [s for s in starts if s > start]
-        end = following[0] - 1 if following else len(lines)
         if cut < len(path) and isinstance(path[cut], str):
-            key = re.escape(str(path[cut]))
-            pattern = re.compile(rf"\s*(?:{key}|\"{key}\"|'{key}')\s*[=.]")
-            for number in range(start + 1, end + 1):
-                if pattern.match(lines[number - 1]):
-                    return number
+            found = index.keys.get(start, {}).get(str(path[cut]))
+            if found is not None:
+                return found
     return fallback or 1

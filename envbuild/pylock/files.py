@@ -1,6 +1,7 @@
 """Read and validate a PEP 751 lock file (``pylock.toml``).
 
-Only what envbuild installs is accepted: lock-version 1.0, packages with a name and a
+The file must satisfy PEP 751's reference reader (``packaging.pylock``) and, beyond it, only
+what envbuild installs is accepted: lock-version 1.0, packages with a name and a
 version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256.
 Source trees (``vcs``, ``directory``, ``archive``) are refused. Every problem is a
 :class:`~envbuild.errors.UsageError` naming the field, as ``packages[3].wheels[0].hashes``.
@@ -16,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
+from envbuild.confine import quoted, token
 from envbuild.errors import UsageError
 from envbuild.project.toml import tomllib  # the one place that picks tomllib or its backport
 
@@ -71,10 +73,13 @@ def read_pylock(text: str) -> Pylock:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"pylock: not valid TOML: {exc}") from exc
+        raise UsageError(f"pylock: not valid TOML: {token(str(exc), 200)}") from None
+    except RecursionError:  # arrays or tables nested ~1000 deep
+        raise UsageError("pylock: arrays or tables nested too deep to read") from None
     version = data.get("lock-version")
     if version != LOCK_VERSION:
-        raise UsageError(f"pylock: lock-version: {version!r} is not {LOCK_VERSION!r}",
+        shown = quoted(version) if isinstance(version, str) else f"a {type(version).__name__}"
+        raise UsageError(f"pylock: lock-version: {shown} is not {LOCK_VERSION!r}",
                          hint="envbuild reads PEP 751 lock files of version 1.0")
     requires_python = data.get("requires-python")
     if requires_python is not None and not isinstance(requires_python, str):
@@ -83,13 +88,30 @@ def read_pylock(text: str) -> Pylock:
     if not isinstance(raw, list):
         raise UsageError("pylock: packages: missing or not an array of tables")
     packages = tuple(_package(entry, f"packages[{i}]") for i, entry in enumerate(raw))
+    _check_with_reference(data)
     seen: set[str] = set()
     for package in packages:
         if package.name in seen:
-            raise UsageError(f"pylock: packages: {package.name} appears twice",
+            raise UsageError(f"pylock: packages: {token(package.name)} appears twice",
                              hint="envbuild locks one version of each package")
         seen.add(package.name)
     return Pylock(lock_version=version, requires_python=requires_python, packages=packages)
+
+
+def _check_with_reference(data: dict[str, Any]) -> None:
+    """PEP 751's reference reader (``packaging.pylock``, packaging 26.1 and later) accepts
+    ``data`` too: what the checks above leave alone (created-by, wheel file names that match
+    their package's name and version, versions, markers, the types of every other key).
+    Imported here, never on resolve's start-up path."""
+    from packaging.pylock import Pylock as Reference
+    from packaging.pylock import PylockValidationError
+
+    try:
+        Reference.from_dict(data)
+    except PylockValidationError as exc:
+        where = f"{exc.context}: " if exc.context else ""
+        raise UsageError(f"pylock: {token(where + exc.message, 200)}",
+                         hint="lock again: PEP 751's reference reader refuses this file") from None
 
 
 def _package(entry: Any, where: str) -> PylockPackage:
@@ -99,7 +121,7 @@ def _package(entry: Any, where: str) -> PylockPackage:
     version = _string(entry, "version", where)
     for key in UNSUPPORTED_SOURCES:
         if key in entry:
-            raise UsageError(f"pylock: {where}.{key}: {name} is a {key} source",
+            raise UsageError(f"pylock: {where}.{key}: {token(name)} is a {key} source",
                              hint="envbuild installs wheels only")
     wheels_raw = entry.get("wheels", [])
     if not isinstance(wheels_raw, list):
@@ -107,7 +129,7 @@ def _package(entry: Any, where: str) -> PylockPackage:
     wheels = tuple(_file(w, f"{where}.wheels[{i}]") for i, w in enumerate(wheels_raw))
     sdist = _file(entry["sdist"], f"{where}.sdist") if "sdist" in entry else None
     if not wheels and sdist is None:
-        raise UsageError(f"pylock: {where}: {name} has no wheels and no sdist")
+        raise UsageError(f"pylock: {where}: {token(name)} has no wheels and no sdist")
     return PylockPackage(name=canonicalize_name(name), version=version, wheels=wheels, sdist=sdist)
 
 

@@ -9,14 +9,16 @@ context's wheelhouse, ``local_dir`` (an absolute path inside the image or a URL)
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from envbuild.confine import WHEEL_LIMIT, WHEEL_NAME, confined, open_regular, quoted, token
 from envbuild.errors import UsageError
 from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
 
@@ -95,9 +97,9 @@ def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, g
         package = pylock.package(name)
         wheel = best_wheel(package, tags)
         if wheel is None:
-            offered = ", ".join(w.filename for w in package.wheels) or "no wheel at all"
+            offered = token(", ".join(w.filename for w in package.wheels), 200) or "no wheel at all"
             raise UsageError(
-                f"{package.name} {package.version} has no wheel for CPython {python} on "
+                f"{token(package.name)} {token(package.version)} has no wheel for CPython {python} on "
                 f"{platform_tag(glibc)} or older ({offered})",
                 hint="envbuild installs wheels only: pick another version or another stack")
         lines.append(f"{package.name} @ {_location(wheel, local_dir)} --hash=sha256:{wheel.sha256}")
@@ -116,11 +118,12 @@ def _location(wheel: PylockFile, local_dir: str | None) -> str:
         # A requirements line is the URL, then options: a space, a quote or a line break in it
         # would add an option (--index-url …) or a requirement of the pylock's choosing.
         if not _REMOTE_URL.fullmatch(wheel.url):
-            raise UsageError(f"pylock: the url of {wheel.filename!r} is not a plain http(s) URL",
+            raise UsageError(f"pylock: the url of {quoted(wheel.filename)} is not a plain http(s) URL",
                              hint="lock again: uv writes only such URLs")
         return wheel.url
     if local_dir is None:
-        raise UsageError(f"local file {wheel.filename} cannot be fetched by the build: use a wheelhouse",
+        raise UsageError(f"local file {token(wheel.filename)} cannot be fetched by the build: "
+                         "use a wheelhouse",
                          hint="copy the local wheels into the build context (local_dir)")
     name = quote(wheel.filename, safe="+!")
     if "://" in local_dir:
@@ -130,17 +133,37 @@ def _location(wheel: PylockFile, local_dir: str | None) -> str:
     return f"file://{quote(local_dir.rstrip('/'), safe='/+!')}/{name}"
 
 
-def local_wheels(pylock: Pylock, *, base: Path | None = None) -> list[Path]:
+def local_wheels(pylock: Pylock, roots: Sequence[Path]) -> list[Path]:
     """Every wheel of the pylock that is a local file (a ``file://`` URL or a ``path``,
-    relative paths taken from ``base``, the pylock's directory), sorted, each once."""
+    relative paths taken from ``roots[0]``, the pylock's directory), sorted, each once, its
+    links resolved. Each, whatever platform it is for, must be named like a wheel (its
+    ``name`` too) and be a regular file inside one of ``roots`` (the project's directory,
+    a declared wheelhouse): a pylock from a pull request must not pull /etc/shadow or
+    /dev/zero into the build context. Anything else is a UsageError naming the field."""
     found: set[Path] = set()
-    for package in pylock.packages:
-        for wheel in package.wheels:
-            if not wheel.is_local:
-                continue
-            if wheel.url is not None:
-                found.add(Path(unquote(urlsplit(wheel.url).path)))
-            elif wheel.path is not None:
-                path = Path(wheel.path)
-                found.add(path if path.is_absolute() or base is None else base / path)
+    for i, package in enumerate(pylock.packages):
+        for j, wheel in enumerate(package.wheels):
+            if wheel.is_local:
+                found.add(_local_wheel(wheel, roots, f"pylock: packages[{i}].wheels[{j}]"))
     return sorted(found)
+
+
+def _local_wheel(wheel: PylockFile, roots: Sequence[Path], where: str) -> Path:
+    if wheel.url is not None:
+        where, location = f"{where}.url", unquote(urlsplit(wheel.url).path)
+    else:
+        where, location = f"{where}.path", wheel.path or ""
+    path = Path(location)
+    if not path.is_absolute() and roots:
+        path = roots[0] / path
+    if not (WHEEL_NAME.fullmatch(path.name) and path.name == wheel.filename):
+        raise UsageError(f"{where}: the local file {token(path.name)} is not named like a wheel "
+                         f"(or not as the entry names it)", hint="lock again: uv writes only wheels")
+    real = confined(path, roots, f"{where}: the local wheel {token(path.name)}",
+                    outside_hint="local wheels must lie inside the project's directory "
+                                 "or a wheelhouse named with --wheelhouse DIR")
+    if real.name != wheel.filename:
+        raise UsageError(f"{where}: the local wheel {token(path.name)} is a link to another name",
+                         hint="copy the wheel itself there")
+    os.close(open_regular(real, f"{where}: the local wheel {token(path.name)}", limit=WHEEL_LIMIT))
+    return real

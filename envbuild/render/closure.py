@@ -10,6 +10,7 @@ context and named under ``local_dir`` instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from envbuild.errors import UsageError
@@ -18,10 +19,12 @@ from envbuild.pylock.install import install_requirements, local_wheels
 from envbuild.render.lock import Lock
 
 
-def install_files(lock: Lock, *, local_dir: str | None) -> tuple[dict[str, str], list[Path]]:
+def install_files(lock: Lock, *, local_dir: str | None,
+                  roots: Sequence[Path] = ()) -> tuple[dict[str, str], list[Path]]:
     """The layers' requirements ({"torch": text, "project": text}; "project" only when the
     project adds distributions) and the wheel files the lock names on this machine, to copy
-    into a build context; the pylock read once and checked against the lock's packages."""
+    into a build context, each confined to ``roots`` (the pylock's directory first); the
+    pylock read once and checked against the lock's packages."""
     ref = lock.pylock
     if ref is None:
         raise UsageError("the lock holds no closure", hint="run 'envbuild lock'")
@@ -38,4 +41,4 @@ def install_files(lock: Lock, *, local_dir: str | None) -> tuple[dict[str, str],
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
                                                 glibc=ref.glibc, local_dir=local_dir)
-    return files, local_wheels(pylock)
+    return files, ([] if local_dir is None else local_wheels(pylock, roots))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from envbuild.confine import WHEEL_NAME, confined, quoted, read_regular
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
 from envbuild.fs import FileData
@@ -41,9 +42,6 @@ PEAKS_NAME = "smoke_peaks.json"
 WHEELHOUSE_DIR = "wheelhouse"
 _MAX_CA_BYTES = 1024 * 1024
 _PEM_BEGIN_RE = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,64})-----")
-# A wheel file name (PEP 427) with nothing a shell or a Dockerfile could read as syntax.
-_WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
-                            r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RenderOptions:
@@ -58,6 +56,9 @@ class RenderOptions:
     env: tuple[tuple[str, str], ...] = ()
     user: str = "envbuild"
     wheelhouse: tuple[Path, ...] = ()  # the wheels of --wheelhouse DIR, sorted by name
+    # Where a locked closure's local wheels may lie, the pylock's own directory first (the
+    # --wheelhouse directory is one too): see pylock.install.local_wheels.
+    wheel_roots: tuple[Path, ...] = ()
     companions: bool = True
     provenance: Provenance | None = None  # OCI created/revision/source labels, when known
     # BuildKit syntax (docker buildx, buildah): the CA bundle a build secret, pip's downloads a
@@ -162,7 +163,7 @@ def _wheels(text: str) -> tuple[Path, ...]:
     if not wheels:
         raise UsageError(f"--wheelhouse {text!r} holds no .whl files")
     for wheel in wheels:
-        if not _WHEEL_NAME_RE.fullmatch(wheel.name):
+        if not WHEEL_NAME.fullmatch(wheel.name):
             raise UsageError(f"--wheelhouse: {wheel.name!r} is not a wheel file name")
     return tuple(wheels)
 
@@ -204,33 +205,17 @@ def _ca_path(text: str) -> Path:
 
 
 def _ca_bytes(text: str) -> bytes:
-    """The bundle's bytes: a regular file (a FIFO would hang the read, a device never end it)
-    of at most 1 MiB, with a certificate and no private key (which would reach the build
-    context and the daemon)."""
-    import os
-    import stat
-
-    try:
-        fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO opens at once
-    except OSError as exc:
-        raise UsageError(f"cannot read --ca-bundle {text!r}: {exc.strerror}") from None
-    except ValueError:  # a NUL in the path
-        raise UsageError(f"--ca-bundle {text!r} is not a usable path") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"--ca-bundle {text!r} is not a regular file",
-                             hint="pass the PEM file itself, not a pipe, socket or device")
-        data = handle.read(_MAX_CA_BYTES + 1)
-    if len(data) > _MAX_CA_BYTES:
-        raise UsageError(f"--ca-bundle {text!r} is larger than {_MAX_CA_BYTES // 1024} KiB",
-                         hint="pass only the CA certificates the build must trust")
+    """The bundle's bytes: a regular file (a FIFO would hang the read, a device never end it,
+    a directory is none) of at most 1 MiB, with a certificate and no private key (which would
+    reach the build context and the daemon)."""
+    what = f"--ca-bundle {quoted(text)}"
+    data = read_regular(confined(Path(text), None, what), what, limit=_MAX_CA_BYTES)
     labels = {m.group(1) for m in _PEM_BEGIN_RE.finditer(data)}
     if any(b"PRIVATE KEY" in label for label in labels):
-        raise UsageError(f"--ca-bundle {text!r} holds a private key",
+        raise UsageError(f"{what} holds a private key",
                          hint="pass only the CA certificates; a key must never reach a build context")
     if not labels & {b"CERTIFICATE", b"TRUSTED CERTIFICATE"}:
-        raise UsageError(f"--ca-bundle {text!r} is not a PEM certificate bundle",
+        raise UsageError(f"{what} is not a PEM certificate bundle",
                          hint="it needs at least one -----BEGIN CERTIFICATE----- block")
     return data
 
@@ -365,12 +350,13 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     wheelhouse = options.wheelhouse
     requirements: dict[str, str] = {}
     if lock.pylock is not None:
-        if wheelhouse:
-            raise UsageError("--wheelhouse cannot be combined with a locked closure",
-                             hint="the lock names every file; lock with find-links to use local wheels")
         from envbuild.render import closure  # reads pylock files: only for a locked closure
 
-        requirements, wheels = closure.install_files(lock, local_dir=f"/tmp/{WHEELHOUSE_DIR}")
+        # The pylock's local wheels, and only those, come from its own directory or the
+        # --wheelhouse named here: never from anywhere else on this machine.
+        roots = (*options.wheel_roots, *sorted({w.parent for w in wheelhouse}))
+        requirements, wheels = closure.install_files(lock, local_dir=f"/tmp/{WHEELHOUSE_DIR}",
+                                                     roots=roots)
         wheelhouse = tuple(wheels)
         for name, text in requirements.items():
             files[f"requirements/{name}.txt"] = text.encode("utf-8")

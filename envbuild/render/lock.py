@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.confine import quoted
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
 from envbuild.fleet import placement as fleetmod
@@ -393,11 +394,11 @@ def check_lock(lock: Lock) -> None:
     for name, value in (("torch", s.torch), ("torchvision", s.torchvision),
                         ("torchaudio", s.torchaudio)):
         if value is not None and not _VERSION_RE.fullmatch(value):
-            raise UsageError(f"invalid {name} version {value!r} in the lock")
+            raise UsageError(f"invalid {name} version {quoted(value)} in the lock")
     for name, value in (("cuda", s.cuda), ("cudnn", s.cudnn), ("nccl", s.nccl),
                         ("base_cuda", s.base_cuda), ("min_driver", s.min_driver)):
         if value is not None and not _VERSION_RE.fullmatch(value):
-            raise UsageError(f"invalid {name} version {value!r} in the lock")
+            raise UsageError(f"invalid {name} version {quoted(value)} in the lock")
     # The stack's own base image and index are rendered too (the Dockerfile names the base
     # a --base-image stands in for; the pins' local tag follows the index), and read by
     # the smoke test: the same checks as --base-image and --index-url.
@@ -412,9 +413,9 @@ def check_lock(lock: Lock) -> None:
     for arch in s.arch_list:
         _match(is_arch, arch, "arch_list")
     if lock.flavor not in ("runtime", "devel") or s.flavor != lock.flavor:
-        raise UsageError(f"invalid flavor {lock.flavor!r} in the lock")
+        raise UsageError(f"invalid flavor {quoted(lock.flavor)} in the lock")
     if s.compat not in (None, "native", "minor-version", "forward"):
-        raise UsageError(f"invalid compat {s.compat!r} in the lock")
+        raise UsageError(f"invalid compat {quoted(s.compat)} in the lock")
     if lock.python_provision not in ("distro", "standalone", "base") or (
             (lock.python_provision == "standalone") != (lock.python_standalone is not None)):
         raise UsageError("invalid python_provision in the lock")
@@ -450,13 +451,13 @@ def check_lock(lock: Lock) -> None:
         check_pip_requirement(pip, "--pip-package")
         # A later pip install of a pinned nvidia-* library would change what the lock records.
         if re.sub(r"[-_.]+", "-", pip.split("==")[0]).lower() in pinned:
-            raise UsageError(f"--pip-package {pip!r} would override the lock's own pin",
+            raise UsageError(f"--pip-package {quoted(pip)} would override the lock's own pin",
                              hint="the stack pins it already; drop the --pip-package")
     for key, value in lock.env:
         # The pair as --env KEY=VALUE would split it: a key holding '=' ("A=x y") would have
         # passed as key A and rendered a second ENV pair.
         if check_env_pair(f"{key}={value}", "--env") != (key, value):
-            raise UsageError(f"invalid environment key {key!r} in the lock",
+            raise UsageError(f"invalid environment key {quoted(key)} in the lock",
                              hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
 
@@ -464,7 +465,7 @@ def check_lock(lock: Lock) -> None:
 def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
     """The pylock entry: a plain file name beside the lock, a digest, a torch layer inside the closure."""
     if not isinstance(ref.file, str) or not _PYLOCK_NAME_RE.fullmatch(ref.file):
-        raise UsageError(f"invalid pylock file name {ref.file!r} in the lock",
+        raise UsageError(f"invalid pylock file name {quoted(ref.file)} in the lock",
                          hint="pylock.toml or pylock.NAME.toml, beside the lock")
     check_sha256(ref.sha256, "pylock sha256")
     if ref.inputs_sha256 is not None:
@@ -474,12 +475,13 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
         raise UsageError("invalid torch_layer in the lock: sorted names of the closure, torch among them",
                          hint="re-create the lock")
     if not _PLATFORM_RE.fullmatch(ref.platform):
-        raise UsageError(f"invalid pylock platform {ref.platform!r} in the lock",
+        raise UsageError(f"invalid pylock platform {quoted(ref.platform)} in the lock",
                          hint="x86_64-manylinux_2_NN")
     if ref.installer is not None:
         installer = ref.installer
         if installer.name not in INSTALLERS or not _PEP440_RE.fullmatch(installer.version):
-            raise UsageError(f"invalid installer {installer.name!r} {installer.version!r} in the lock",
+            raise UsageError(f"invalid installer {quoted(installer.name)} "
+                             f"{quoted(installer.version)} in the lock",
                              hint="re-create the lock")
         # The URL becomes a requirements line: nothing but a plain http(s) URL may reach it.
         check_url(installer.url, "installer url")
@@ -497,12 +499,12 @@ def check_layer(layer: Layer, packages: Mapping[str, str]) -> None:
             or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in sizes) \
             or not isinstance(layer.bytes, int) or isinstance(layer.bytes, bool) \
             or layer.bytes != sum(sizes):
-        raise UsageError(f"invalid layer {layer.name!r} in the lock", hint="re-create the lock")
+        raise UsageError(f"invalid layer {quoted(layer.name)} in the lock", hint="re-create the lock")
 
 
 def _match(pattern: re.Pattern[str] | Callable[[str], bool], value: str, name: str) -> None:
     if not isinstance(value, str) or not (pattern(value) if callable(pattern) else pattern.fullmatch(value)):
-        raise UsageError(f"invalid {name} {value!r} in the lock")
+        raise UsageError(f"invalid {name} {quoted(value)} in the lock")
 
 
 def load_json(text: str) -> Any:
@@ -583,7 +585,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         raise UsageError("lock 'base_offline' must be true or false")
     return Lock(
         stack=Stack(**fields),
-        packages={_str(k, "package name"): _str(v, f"package {k!r} version")
+        packages={_str(k, "package name"): _str(v, f"package {quoted(k)} version")
                   for k, v in packages.items()},
         index_url=_optional_str(data["index_url"], "index_url"),
         base_image=_str(data["base_image"], "base_image"),
@@ -700,7 +702,7 @@ _URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::(?P<port>[0-9]{1,5}))?(?:/[A-Z
 
 def _printable(value: str, field: str) -> None:
     if _BAD_CHARS.search(value):
-        raise UsageError(f"invalid {field} {value!r}: control characters, line breaks, "
+        raise UsageError(f"invalid {field} {quoted(value)}: control characters, line breaks, "
                          "undecodable characters and Unicode noncharacters are not allowed",
                          hint="YAML, TOML, a shell script or a Dockerfile cannot carry them")
 
@@ -710,14 +712,14 @@ def check_image_reference(value: str, field: str) -> str:
     _printable(value, field)
     match = _IMAGE_RE.fullmatch(value)
     if match is None or len(match.group("name")) > 255 or not port_ok(_registry_port(match.group("name"))):
-        raise UsageError(f"invalid image reference {value!r} ({field})",
+        raise UsageError(f"invalid image reference {quoted(value)} ({field})",
                          hint="write [registry/]name:tag or name@sha256:<64 hex>, lowercase name")
     digest, tag = match.group("digest"), match.group("tag")
     if digest is not None and not _DIGEST_RE.fullmatch(digest):
-        raise UsageError(f"invalid image reference {value!r} ({field}): digest must be "
+        raise UsageError(f"invalid image reference {quoted(value)} ({field}): digest must be "
                          "sha256:<64 hex>")
     if digest is None and tag in (None, "latest"):
-        raise UsageError(f"image reference {value!r} ({field}) is not pinned",
+        raise UsageError(f"image reference {quoted(value)} ({field}) is not pinned",
                          hint="name an exact tag (not latest) or a sha256 digest")
     return value
 
@@ -731,14 +733,14 @@ def _registry_port(name: str) -> str | None:
 def check_url(value: str, field: str) -> str:
     _printable(value, field)
     if "@" in value:
-        raise UsageError(f"invalid URL {redact(value)!r} ({field}): credentials would be baked into "
+        raise UsageError(f"invalid URL {quoted(redact(value))} ({field}): credentials would be baked into "
                          "the image", hint="give pip credentials through pip.conf or netrc")
     match = _URL_RE.fullmatch(value)
     if not match:
-        raise UsageError(f"invalid URL {value!r} ({field})",
+        raise UsageError(f"invalid URL {quoted(value)} ({field})",
                          hint="http(s)://host[:port]/path without spaces, quotes or queries")
     if not port_ok(match.group("port")):
-        raise UsageError(f"invalid URL {value!r} ({field}): a port from 1 to 65535")
+        raise UsageError(f"invalid URL {quoted(value)} ({field}): a port from 1 to 65535")
     return value
 
 
@@ -749,14 +751,14 @@ def port_ok(port: str | None) -> bool:
 
 def check_sha256(value: str, field: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise UsageError(f"invalid sha256 {value!r} ({field})", hint="64 lowercase hex digits")
+        raise UsageError(f"invalid sha256 {quoted(value)} ({field})", hint="64 lowercase hex digits")
     return value
 
 
 def check_debian_package(value: str, field: str) -> str:
     _printable(value, field)
     if not _DEBIAN_RE.fullmatch(value) or "--" in value:
-        raise UsageError(f"invalid Debian package name {value!r} ({field})",
+        raise UsageError(f"invalid Debian package name {quoted(value)} ({field})",
                          hint="lowercase letters, digits, + - . (name, or name=version with the "
                               "version starting with a digit: [epoch:]version[-revision])")
     return value
@@ -766,11 +768,11 @@ def check_pip_requirement(value: str, field: str) -> str:
     _printable(value, field)
     match = _PIP_RE.fullmatch(value)
     if match is None or "--" in value:
-        raise UsageError(f"invalid pip requirement {value!r} ({field})",
+        raise UsageError(f"invalid pip requirement {quoted(value)} ({field})",
                          hint="a package name, optionally ==version; options are not allowed")
     name = re.sub(r"[-_.]+", "-", match.group("name")).lower()
     if name in TORCH_PACKAGES:
-        raise UsageError(f"{value!r} ({field}) would override the resolved {name} pin",
+        raise UsageError(f"{quoted(value)} ({field}) would override the resolved {name} pin",
                          hint="choose torch through the stack selectors (--torch)")
     return value
 
@@ -780,7 +782,7 @@ def check_env_pair(value: str, field: str) -> tuple[str, str]:
     key, sep, val = value.partition("=")
     if not sep:
         _printable(key, field)
-        raise UsageError(f"invalid environment pair {value!r} ({field})", hint=_ENV_HINT)
+        raise UsageError(f"invalid environment pair {quoted(value)} ({field})", hint=_ENV_HINT)
     return check_env(key, val, field)
 
 
@@ -798,7 +800,7 @@ def check_env(key: str, value: str, field: str) -> tuple[str, str]:
     or a token in its query. Neither the value nor the key is quoted in that refusal."""
     _printable(key, f"{field} key")
     if not _ENV_KEY_RE.fullmatch(key):
-        raise UsageError(f"invalid environment pair ({field}): the name {key!r} is not a variable name",
+        raise UsageError(f"invalid environment pair ({field}): the name {quoted(key)} is not a variable name",
                          hint=_ENV_HINT)
     if is_secret_name(key):
         raise UsageError(f"{field} {key}: the name says it holds a secret, which would be "
@@ -829,9 +831,9 @@ def is_secret_name(key: str) -> bool:
 def check_user_name(value: str, field: str) -> str:
     _printable(value, field)
     if not _USER_RE.fullmatch(value) or value == "root":
-        raise UsageError(f"invalid user name {value!r} ({field})",
+        raise UsageError(f"invalid user name {quoted(value)} ({field})",
                          hint="a non-root name matching [a-z_][a-z0-9_-]{0,31}")
     if value in RESERVED_USERS:
-        raise UsageError(f"user name {value!r} ({field}) already exists in common base images",
+        raise UsageError(f"user name {quoted(value)} ({field}) already exists in common base images",
                          hint="choose a new name (the default is envbuild); useradd would fail in the build")
     return value

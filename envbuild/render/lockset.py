@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from envbuild.confine import read_confined, read_regular
 from envbuild.errors import UsageError
 from envbuild.render import lock as lockmod
 from envbuild.render.lock import Lock
@@ -149,18 +150,23 @@ def _project(raw: Any) -> ProjectRef | None:
 
 def read_lockset(path: Path) -> LockSet:
     """A lock file and the pylock files beside it, each checked against its recorded sha256."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    try:  # a regular file of bounded size: --lock FIFO or /dev/zero must not hang or fill memory
+        text = read_regular(path, f"lock {path}").decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read lock {path}: {exc}") from None
     lockset = from_json(text)
     targets: dict[str, Lock] = {}
     for name, lock in lockset.targets.items():
         if lock.pylock is not None:
             beside = path.parent / lock.pylock.file
-            try:
-                pylock_text = beside.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+            try:  # beside the lock, links resolved: a pylock linked to /proc/self/environ is refused
+                pylock_text = read_confined(beside, [path.parent], str(beside)).decode("utf-8")
+            except UsageError as exc:
+                problem = exc.message.removeprefix(str(beside)).strip()
+                raise UsageError(f"cannot read {beside} (target {name!r} of {path}): {problem}",
+                                 hint="keep the pylock files beside envbuild.lock, "
+                                      "or run 'envbuild lock'") from None
+            except UnicodeDecodeError as exc:
                 raise UsageError(f"cannot read {beside} (target {name!r} of {path}): "
                                  f"{getattr(exc, 'strerror', None) or exc}",
                                  hint="keep the pylock files beside envbuild.lock, "
