@@ -194,7 +194,8 @@ def serve_uv(up: Upstream, sdist: bytes, *, listed_sha256: str | None = None,
          "yanked": "broken"},
     ]
     page = {"meta": {"api-version": "1.1"}, "name": "uv", "files": files}
-    up.serve("/simple/uv/", json.dumps(page).encode(), {"Content-Type": "application/vnd.pypi.simple.v1+json"})
+    up.serve("/simple/uv/", json.dumps(page).encode(),
+             {"Content-Type": "application/vnd.pypi.simple.v1+json"})
     up.serve("/files/uv-0.99.0.tar.gz", sdist)
     up.serve("/files/uv-0.98.0.tar.gz", old)
 
