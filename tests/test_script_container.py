@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 import zipfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import KEYRINGS, TEST_KEY_FINGERPRINT, keyring_deb, with_test_key
 
 from envbuild.data import matrix as matrixmod
@@ -662,9 +664,12 @@ def test_a_wheel_that_does_not_match_its_hash_is_not_installed(closure_host: Hos
 
 # --- M: the host setup around the stack -----------------------------------------------------------
 
+# The GPU container check's image as the data pins it (docs/faults.md T10).
+_CTK_ROWS = yaml.safe_load((Path(__file__).parents[1] / "matrices" / "container_toolkit.yaml").read_text())
+SMOKE_IMAGE = _CTK_ROWS["rows"][0]["smoke_image"]
 TOOLKIT = Toolkit(version="1.20.0-1", repository="https://nvidia.github.io/libnvidia-container/stable/deb",
                   key_url="https://nvidia.github.io/libnvidia-container/gpgkey",
-                  key_fingerprint=TEST_KEY_FINGERPRINT)
+                  key_fingerprint=TEST_KEY_FINGERPRINT, smoke_image=SMOKE_IMAGE)
 CTK_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1")
 
@@ -833,8 +838,8 @@ def test_container_toolkit_docker_cdi_gpu_container_and_dcgm(docker_client: Any,
         code, out = h.run("--yes", "--dcgm-level", "2")
         assert code in (7, 8), out
         # The check's image by the digest the data records (matrices/container_toolkit.yaml), never a tag.
-        assert ("docker run --rm --runtime=nvidia --gpus all ubuntu:24.04@sha256:"
-                "69cecf4bbf72d2d44a9eef1b71fb98c7fb973d78af11399deccef19beb008ad9 nvidia-smi -L") in h.log()
+        assert re.fullmatch(r"ubuntu:24\.04@sha256:[0-9a-f]{64}", SMOKE_IMAGE)
+        assert f"docker run --rm --runtime=nvidia --gpus all {SMOKE_IMAGE} nvidia-smi -L" in h.log()
         assert "dcgmi diag -r 2: passed" in out
         assert "smoke test failed: smoke.py (exit" in out and "GPU container" not in out.split("failed:")[-1]
         # Both fail too: each is listed; the exit code stays smoke.py's, the first failure's.
