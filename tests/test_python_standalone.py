@@ -293,3 +293,25 @@ def test_t2_uv_release_and_a_downloads_url_cannot_be_combined(data: Path, env: d
     code = cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "python", "--uv-release",
                      "0.13.9", "--python-downloads-url", "https://127.0.0.1:9/d.json"], env)
     assert code == 2 and "cannot be combined" in capsys.readouterr().err
+
+
+def test_t3_reading_the_sdist_stops_at_the_unpacked_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/faults.md T3: a gzip bomb before the list is cut off at MAX_UNPACKED_BYTES, not inflated whole."""
+    import io
+    import tarfile
+
+    from envbuild.upstream.sources import uv_sdist as sdist_module
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for name, body in (("uv-0.99.0/zeros", bytes(4 * 1024 * 1024)),
+                           ("uv-0.99.0/crates/uv-python-managed/download-metadata.json", b"{}")):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+    monkeypatch.setattr(sdist_module, "MAX_UNPACKED_BYTES", 1024 * 1024)
+    with pytest.raises(DataError, match="unpacks to more than"):
+        sdist_module.read_member("uv-0.99.0.tar.gz", out.getvalue())
+    monkeypatch.setattr(sdist_module, "MAX_UNPACKED_BYTES", 8 * 1024 * 1024)
+    assert sdist_module.read_member("uv-0.99.0.tar.gz", out.getvalue()) == (
+        "uv-0.99.0/crates/uv-python-managed/download-metadata.json", b"{}")
