@@ -712,3 +712,21 @@ def test_t8_the_smoke_tests_query_csv_is_accepted(name: str) -> None:
     assert [g["uuid"] for g in data["gpus"]] == [r.split(", ")[2] for r in rows]
     assert [g["mig_mode"] for g in data["gpus"]] == [
         {"Enabled": "Enabled", "Disabled": "Disabled"}.get(r.split(", ")[13]) for r in rows]
+
+
+def test_t5_detect_still_reports_when_the_data_cannot_be_read(tmp_path: Path) -> None:
+    """docs/faults.md T5: the catalogue lookup is a bonus; unreadable data leaves the cc unknown, exit 0."""
+    import contextlib
+    import io
+    import shutil
+
+    from envbuild.commands import cli
+
+    data = tmp_path / "matrices"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "matrices", data)
+    (data / "gpus.yaml").write_text("rows: [\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["--matrices", str(data), "detect", "--from", str(FIXTURES / "t4_table_470.txt")],
+                        dict(os.environ))
+    assert code == 0 and "Tesla T4: cc unknown" in out.getvalue()

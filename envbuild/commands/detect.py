@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.commands.options import Out
-from envbuild.errors import UsageError
+from envbuild.errors import DataError, UsageError
 from envbuild.host.facts import with_catalogue
 
 
@@ -26,7 +26,10 @@ def _catalogue_lookup(args: argparse.Namespace, env: Mapping[str, str]) -> Calla
     from envbuild.commands.options import load_matrix
     from envbuild.data.gpus import find_gpu, gpu_keys
 
-    rows = load_matrix(args, env).rows("gpus")
+    try:
+        rows = load_matrix(args, env).rows("gpus")
+    except (DataError, UsageError):  # detect reports the host even when the data cannot be read
+        return lambda name: None
     keys = gpu_keys(rows)
 
     def lookup(name: str) -> str | None:
