@@ -16,12 +16,14 @@ import shutil
 import ssl
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from envbuild.commands import cli
 from envbuild.data import matrix as matrices
 from envbuild.errors import DataError
 from envbuild.resolver.checks import companions_missing
@@ -169,9 +171,9 @@ PUBLISHED: dict[str, dict[str, list[str]]] = {
 }
 
 
-def _routes() -> dict[str, bytes]:
+def _routes(published: dict[str, dict[str, list[str]]] | None = None) -> dict[str, bytes]:
     routes: dict[str, bytes] = {}
-    for project, releases in PUBLISHED.items():
+    for project, releases in (PUBLISHED if published is None else published).items():
         files = []
         for version, requires in releases.items():
             filename = f"{project}-{version}-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -184,8 +186,8 @@ def _routes() -> dict[str, bytes]:
 
 
 @contextlib.contextmanager
-def index_server(context: ssl.SSLContext) -> Iterator[str]:
-    routes = _routes()
+def index_server(context: ssl.SSLContext, routes: dict[str, bytes] | None = None) -> Iterator[str]:
+    routes = _routes() if routes is None else routes  # a caller's dict may change while served
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -215,6 +217,12 @@ def index_server(context: ssl.SSLContext) -> Iterator[str]:
 
 @pytest.fixture
 def index_and_env(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    with serving_index(tmp_path, _routes()) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving_index(tmp_path: Path, routes: dict[str, bytes]) -> Iterator[tuple[str, dict[str, str]]]:
     trustme = pytest.importorskip("trustme")
     authority = trustme.CA()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -223,7 +231,7 @@ def index_and_env(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     authority.cert_pem.write_to_path(str(ca))
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path), "PATH": os.environ["PATH"],
            "PIP_CERT": str(ca)}
-    with index_server(context) as url:
+    with index_server(context, routes) as url:
         yield url, env
 
 
@@ -259,6 +267,45 @@ def test_refresh_pairs_2_14_1_and_says_why_2_15_0_has_none(
     assert "127.0.0.1" not in text
     pypi = {r["torch"]: r for r in yaml.safe_load((data / "torch_pypi.yaml").read_text())["rows"]}
     assert pypi["2.14.1"]["torchvision"] == "0.29.2"
+
+
+def _companion_columns(data: Path) -> dict[str, tuple[str | None, str | None, str, str]]:
+    found = yaml.safe_load((data / "torch_companions.yaml").read_text())["rows"]
+    return {r["torch"]: (r["torchvision"], r["torchaudio"], r["source"], r.get("note", "")) for r in found}
+
+
+@pytest.mark.parametrize("read", ["torchvision", "torchaudio"])
+def test_only_one_companion_keeps_the_others_recorded_facts(tmp_path: Path, read: str) -> None:
+    """docs/faults.md T1: `--only torchvision` once set every torchaudio to null with no reason
+    (exit 4). The project not read keeps its recorded versions, cited wheels and notes."""
+    published = {**PUBLISHED, "torchaudio": {**PUBLISHED["torchaudio"], "2.14.1": ["torch==2.14.1"]}}
+    routes = _routes(published)
+    data = trimmed_data(tmp_path)
+    with serving_index(tmp_path, routes) as (url, env):
+        options = refresh.RefreshOptions(matrices=data, sources=("pypi",), index_url=url, policy=FAST,
+                                         allow_shrink=True, retrieved="2026-11-24")
+        refresh.refresh(options, env, lambda message: None)
+        full = _companion_columns(data)
+        assert refresh.refresh(replace(options, only=frozenset({read}), allow_shrink=False),
+                               env, lambda message: None).up_to_date
+        # The index changes: the project read sees it, the other (not read) does not move.
+        other = "torchaudio" if read == "torchvision" else "torchvision"
+        newer = {"torchvision": {"0.30.0": ["torch==2.15.0"]}, "torchaudio": {"2.15.0": ["torch==2.15.0"]}}
+        routes.clear()
+        routes.update(_routes({"torch": PUBLISHED["torch"], read: {**published[read], **newer[read]},
+                               other: {}}))
+        code = cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "pypi", "--only", read,
+                         "--index-url", url], env)
+    assert code == 0
+    after = _companion_columns(data)
+    column = 0 if other == "torchvision" else 1
+    assert {t: r[column] for t, r in after.items()} == {t: r[column] for t, r in full.items()}
+    assert after["2.14.1"][1] == "2.14.1" and full["2.14.1"][1] == "2.14.1"
+    assert after["2.15.0"][1 - column] == newer[read].popitem()[0]
+    for torch in ("2.14.0", "2.14.1"):  # the notes about the project not read are kept, word for word
+        kept = [p for p in full[torch][3].split("; ") if p.startswith((f"no {other} ", f"{other} "))]
+        assert all(p in after[torch][3] for p in kept)
+    assert after["2.14.0"][:3] == full["2.14.0"][:3]
 
 
 # --- validation ------------------------------------------------------------------------------

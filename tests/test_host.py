@@ -557,12 +557,14 @@ TOP_KEYS = [
     "cpu_count",
     "shm_bytes",
     "problems",
+    "advice",
 ]
 GPU_KEYS = [
     "index",
     "name",
     "uuid",
     "compute_capability",
+    "compute_capability_source",
     "memory_mib",
     "mig_mode",
     "mig_devices",
@@ -591,6 +593,7 @@ def test_json_of_an_empty_host() -> None:
         "cpu_count": None,
         "shm_bytes": None,
         "problems": [],
+        "advice": [],
     }
 
 
@@ -625,3 +628,105 @@ def test_detect_and_the_smoke_test_read_topo_alike(path: Path) -> None:
     for gpu in smoke.gpus:
         gpu_links = {k: v for k, v in matrix[gpu].items() if k.startswith("GPU")}
         assert gpu_links == {k: v for k, v in smoke.links[gpu].items() if k != gpu}
+
+
+# ------------------------------------------------ section T: the inputs HGX, MIG and PCIe users have
+
+SMOKE_FIXTURES = Path(__file__).parent / "fixtures" / "smoke"
+
+
+def detect(path: Path, *extra: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from envbuild.commands import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["detect", "--from", str(path), *extra], dict(os.environ))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", ["topo-2gpu-phb.txt", "topo-4gpu-pcie-2socket.txt", "topo-8gpu-nvlink.txt"])
+def test_t4_a_topology_only_file_is_not_a_host_without_gpus(name: str) -> None:
+    """docs/faults.md T4: `topo -m` alone names GPUs: no "No NVIDIA GPU ... CPU-only" line above it."""
+    code, out, _ = detect(SMOKE_FIXTURES / name)
+    gpus = len(nvidia_smi.parse_topology((SMOKE_FIXTURES / name).read_text()) or {})
+    assert code == 0 and "No NVIDIA GPU" not in out and "CPU-only" not in out
+    assert "Driver      unknown" in out and "in the topology (GPU0, GPU1" in out and "GPU links" in out
+    assert gpus >= 2
+
+
+def test_t5_known_gpus_get_their_compute_capability_from_the_catalogue() -> None:
+    """docs/faults.md T5: the table and -q name the GPU but not its cc; the catalogue knows it."""
+    code, out, _ = detect(FIXTURES / "t4_table_470.txt")
+    assert code == 0 and "Tesla T4: compute capability 7.5 (GPU catalogue)" in out and "cc unknown" not in out
+    code, out, _ = detect(FIXTURES / "a100_mig_q_and_list.txt", "--json")
+    (gpu,) = json.loads(out)["gpus"]
+    assert (gpu["compute_capability"], gpu["compute_capability_source"]) == ("8.0", "catalogue")
+    # A reported cc stays the reported one.
+    code, out, _ = detect(FIXTURES / "h100_query_header_units.csv", "--json")
+    assert {(g["compute_capability"], g["compute_capability_source"]) for g in json.loads(out)["gpus"]} == {
+        ("9.0", "reported")}
+
+
+def test_t5_an_unknown_gpu_stays_cc_unknown(tmp_path: Path) -> None:
+    saved = tmp_path / "smi.txt"
+    saved.write_text(fixture("rtx4090_table.txt").replace("NVIDIA GeForce RTX 4090", "NVIDIA Quantum GPU 9"))
+    code, out, _ = detect(saved)
+    assert code == 0 and "NVIDIA Quantum GPU 9: cc unknown" in out
+
+
+def test_t6_mig_instances_come_with_advice() -> None:
+    """docs/faults.md T6: one process sees one MIG device; no P2P between MIG devices."""
+    for name in ("a100_mig_q_and_list.txt", "a100_mig_table.txt", "a100x2_mig.xml"):
+        code, out, _ = detect(FIXTURES / name)
+        assert code == 0 and "Advice:" in out
+        assert "a CUDA process sees one MIG device" in out and "mig-user-guide" in out
+    assert not any("MIG" in line for line in report.to_json(probe.parse_saved(fixture("rtx4090_table.txt")))[
+        "advice"])  # type: ignore[union-attr]
+
+
+def test_t7_pcie_paths_come_with_advice() -> None:
+    """docs/faults.md T7: PIX/PXB (ACS can hang P2P through switches) and PHB/NODE/SYS (through the CPU)."""
+    code, out, _ = detect(SMOKE_FIXTURES / "topo-4gpu-pcie-2socket.txt")
+    assert code == 0
+    assert "PCIe switches (PIX, PXB)" in out and "ACS" in out
+    assert "nccl/user-guide/docs/troubleshooting" in out
+    assert "only through the CPU (SYS)" in out and "across sockets" in out
+    _, out, _ = detect(SMOKE_FIXTURES / "topo-2gpu-phb.txt")
+    assert "only through the CPU (PHB)" in out and "ACS" not in out
+    _, out, _ = detect(SMOKE_FIXTURES / "topo-8gpu-nvlink.txt")
+    assert "Advice:" not in out  # NVLink between every pair: nothing to advise
+
+
+@pytest.mark.parametrize("name", ["smi-query-2xh100.csv", "smi-query-a100-mig-pending.csv",
+                                  "smi-query-rtx4090.csv"])
+def test_t8_the_smoke_tests_query_csv_is_accepted(name: str) -> None:
+    """docs/faults.md T8: the project's own `--query-gpu` fixtures (the smoke test's health query)."""
+    code, out, err = detect(SMOKE_FIXTURES / name, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = (SMOKE_FIXTURES / name).read_text().strip().splitlines()
+    assert [g["name"] for g in data["gpus"]] == [r.split(", ")[1] for r in rows]
+    assert [g["uuid"] for g in data["gpus"]] == [r.split(", ")[2] for r in rows]
+    assert [g["mig_mode"] for g in data["gpus"]] == [
+        {"Enabled": "Enabled", "Disabled": "Disabled"}.get(r.split(", ")[13]) for r in rows]
+
+
+def test_t5_detect_still_reports_when_the_data_cannot_be_read(tmp_path: Path) -> None:
+    """docs/faults.md T5: the catalogue lookup is a bonus; unreadable data leaves the cc unknown, exit 0."""
+    import contextlib
+    import io
+    import shutil
+
+    from envbuild.commands import cli
+
+    data = tmp_path / "matrices"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "matrices", data)
+    (data / "gpus.yaml").write_text("rows: [\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["--matrices", str(data), "detect", "--from", str(FIXTURES / "t4_table_470.txt")],
+                        dict(os.environ))
+    assert code == 0 and "Tesla T4: cc unknown" in out.getvalue()

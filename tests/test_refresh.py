@@ -805,3 +805,17 @@ def test_e15_rows_record_their_source_without_credentials(
         if path.is_file():
             assert b"s3cr3t" not in path.read_bytes(), path
     assert cli.main([*command, "--offline", "--dry-run"], env) == 0  # the cache still serves them
+
+
+@pytest.mark.parametrize(("project", "relations"), [
+    ("cuda", {"cuda_toolkits"}), ("cudnn", {"cudnn"}), ("images", {"cuda_images"}),
+    ("torch", {"torch_variants"})])
+def test_t1_only_limits_the_refresh_to_the_projects_named(upstream: Upstream, data: Path, env: dict[str, str],
+                                                          project: str, relations: set[str]) -> None:
+    """docs/faults.md T1: `--only` works for every project; each touches only its own relations
+    (torchvision/torchaudio: tests/test_companions.py, python: tests/test_python_standalone.py)."""
+    before = snapshot(data)
+    report = run(upstream, data, env, only=frozenset({project}), dry_run=True)
+    assert set(report.changes) == relations and snapshot(data) == before
+    # The recorded tags name CUDA 99.1.0, which only a refresh of the nvidia source adds: no image row.
+    assert any(c.added or c.updated for c in report.changes.values()) == (project != "images")

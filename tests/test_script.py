@@ -489,6 +489,9 @@ def test_lock_json_round_trip_keeps_script(matrix: matrixmod.Matrix) -> None:
     (["--container-runtime", "lxc"], "--container-runtime must be docker, containerd, podman or none"),
     (["--dcgm-level", "7"], "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"),
     (["--smoke-image", "--privileged"], "--smoke-image must be an image reference"),
+    # T10: a tag moves; the GPU container check runs an image by digest only.
+    (["--smoke-image", "ubuntu"], "--smoke-image must be an image reference by digest"),
+    (["--smoke-image", "ubuntu:24.04"], "--smoke-image must be an image reference by digest"),
     (["--container-runtime"], "--container-runtime needs a value"),
 ])
 def test_install_sh_host_options_are_checked(option: list[str], message: str, matrix: matrixmod.Matrix,
@@ -500,6 +503,16 @@ def test_install_sh_host_options_are_checked(option: list[str], message: str, ma
     done = subprocess.run(["bash", str(path), *option], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+def test_t10_the_gpu_container_check_image_is_pinned_by_digest(matrix: matrixmod.Matrix) -> None:
+    """docs/faults.md T10: the default image of the host smoke step is the data's digest, not `ubuntu`."""
+    lock = case_lock("driver550-top", matrix)
+    text = script.render_script(lock, host=case_host("driver550-top", matrix, lock))["install.sh"].decode()
+    (pinned,) = [r["smoke_image"] for r in matrix.rows("container_toolkit")]
+    assert re.fullmatch(r"ubuntu:24\.04@sha256:[0-9a-f]{64}", pinned)
+    assert f"readonly SMOKE_IMAGE_PINNED={pinned}" in text and "SMOKE_IMAGE=$SMOKE_IMAGE_PINNED" in text
+    assert "SMOKE_IMAGE=ubuntu\n" not in text
 
 
 def test_install_sh_forward_stack_refuses_another_driver_branch(matrix: matrixmod.Matrix,

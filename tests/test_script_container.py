@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 import zipfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import KEYRINGS, TEST_KEY_FINGERPRINT, keyring_deb, with_test_key
 
 from envbuild.data import matrix as matrixmod
@@ -662,9 +664,12 @@ def test_a_wheel_that_does_not_match_its_hash_is_not_installed(closure_host: Hos
 
 # --- M: the host setup around the stack -----------------------------------------------------------
 
+# The GPU container check's image as the data pins it (docs/faults.md T10).
+_CTK_ROWS = yaml.safe_load((Path(__file__).parents[1] / "matrices" / "container_toolkit.yaml").read_text())
+SMOKE_IMAGE = _CTK_ROWS["rows"][0]["smoke_image"]
 TOOLKIT = Toolkit(version="1.20.0-1", repository="https://nvidia.github.io/libnvidia-container/stable/deb",
                   key_url="https://nvidia.github.io/libnvidia-container/gpgkey",
-                  key_fingerprint=TEST_KEY_FINGERPRINT)
+                  key_fingerprint=TEST_KEY_FINGERPRINT, smoke_image=SMOKE_IMAGE)
 CTK_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1")
 
@@ -738,29 +743,46 @@ def test_proprietary_modules_by_default_before_560(host: Host) -> None:
     assert "install nvidia-driver-525 and linux-headers-" in out and "525-open" not in out
 
 
-@pytest.mark.parametrize("how", ["pci", "hgx-names"])
+# (how, branch, loaded driver, the package and version installed)
+FABRIC_CASES = [
+    ("pci", "580", "580.95.05", "nvidia-fabricmanager", "580.95.05-1"),
+    ("hgx-names", "580", "580.95.05", "nvidia-fabricmanager", "580.95.05-1"),
+    # Ubuntu's archive builds a real nvidia-fabricmanager-580 (NVIDIA's repository lacks this version).
+    ("ubuntu-archive", "580", "580.95.05", "nvidia-fabricmanager-580", "580.95.05-0ubuntu1"),
+    ("r570", "570", "570.195.03", "nvidia-fabricmanager-570", "570.195.03-1"),
+]
+
+
+@pytest.mark.parametrize(("how", "branch", "driver", "package", "version"), FABRIC_CASES)
 def test_nvswitch_gets_the_fabric_manager_of_the_driver_version(docker_client: Any,
                                                                  rendered: dict[str, bytes],
-                                                                 tmp_path: Path, how: str) -> None:
-    """M2: an NVSwitch found on the PCI bus, or eight B200s (Blackwell HGX, with nvlsm): the fabric
+                                                                 tmp_path: Path, how: str, branch: str,
+                                                                 driver: str, package: str,
+                                                                 version: str) -> None:
+    """M2, T9: an NVSwitch found on the PCI bus, or eight B200s (Blackwell HGX, with nvlsm): the fabric
     manager of exactly the loaded driver's version, held, enabled and started, the fabric
-    Completed; a second run changes nothing."""
-    with setup_host(docker_client, rendered, tmp_path, branch="580", modules="open", runtime="none") as h:
-        h.state(gpu="1", driver="580.95.05", nvswitch="1")
-        if how == "pci":
-            h.state(**{"nvswitch-pci": "1"})
-        else:
+    Completed; a second run changes nothing. From R580 NVIDIA's repository names it
+    nvidia-fabricmanager (nvidia-fabricmanager-580 is virtual there: the stub apt-get refuses it at
+    any version, as apt does, NVIDIA/gpu-driver-container#451); Ubuntu's archive keeps the
+    versioned name."""
+    with setup_host(docker_client, rendered, tmp_path, branch=branch, modules="open", runtime="none") as h:
+        h.state(gpu="1", driver=driver, nvswitch="1")
+        if how == "hgx-names":
             h.sh("printf 'NVIDIA B200\\n%.0s' 1 2 3 4 5 6 7 8 > /stub-state/gpu-names")
+        else:
+            h.state(**{"nvswitch-pci": "1"})
+        if how == "ubuntu-archive":
+            h.state(**{"fm-missing": "1", "fm-ubuntu": "1"})
         code, out = h.run("--yes", "--no-smoke")
         assert code == 0, out
         log = h.log()
-        assert "madison nvidia-fabricmanager-580" in log
-        assert "install -y nvidia-fabricmanager-580=580.95.05-1" in log
+        assert f"install -y {package}={version}" in log
+        assert "was not found" not in out
         assert ("nvlsm" in log) == (how == "hgx-names")
         assert "systemctl enable --now nvidia-fabricmanager" in log
         assert "NVSwitch fabric: Completed" in out
         assert "error" not in out
-        assert "nvidia-fabricmanager-580" in h.sh("apt-mark showhold")[1].split()
+        assert package in h.sh("apt-mark showhold")[1].split()
         h.sh(": > /stub-state/log")
         before = h.snapshot()
         code, out = h.run("--yes", "--no-smoke")
@@ -778,7 +800,8 @@ def test_nvswitch_fabric_that_stays_in_progress_exits_1(docker_client: Any,
         h.state(gpu="1", driver="580.95.05", nvswitch="1", **{"fabric-stuck": "1", "fm-missing": "1"})
         code, out = h.run("--yes", "--no-smoke")
         assert code == 1, out
-        assert "no nvidia-fabricmanager-580 of version 580.95.05" in out
+        assert ("no fabric manager of version 580.95.05 (the loaded driver's) in the apt sources: tried "
+                "nvidia-fabricmanager nvidia-fabricmanager-580") in out
         assert "install -y nvidia-fabricmanager" not in h.log()
         h.sh("rm /stub-state/fm-missing")
         code, out = h.sh(f"ENVBUILD_FABRIC_WAIT=2 PATH=/stubs:$PATH bash {SRC}/install.sh --yes --no-smoke "
@@ -814,7 +837,9 @@ def test_container_toolkit_docker_cdi_gpu_container_and_dcgm(docker_client: Any,
         h.sh(": > /stub-state/log")
         code, out = h.run("--yes", "--dcgm-level", "2")
         assert code in (7, 8), out
-        assert "docker run --rm --runtime=nvidia --gpus all ubuntu nvidia-smi -L" in h.log()
+        # The check's image by the digest the data records (matrices/container_toolkit.yaml), never a tag.
+        assert re.fullmatch(r"ubuntu:24\.04@sha256:[0-9a-f]{64}", SMOKE_IMAGE)
+        assert f"docker run --rm --runtime=nvidia --gpus all {SMOKE_IMAGE} nvidia-smi -L" in h.log()
         assert "dcgmi diag -r 2: passed" in out
         assert "smoke test failed: smoke.py (exit" in out and "GPU container" not in out.split("failed:")[-1]
         # Both fail too: each is listed; the exit code stays smoke.py's, the first failure's.

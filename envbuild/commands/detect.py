@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from envbuild.commands.options import Out
-from envbuild.errors import UsageError
+from envbuild.errors import DataError, UsageError
+from envbuild.host.facts import with_catalogue
 
 
 def add_commands(commands: Any) -> None:
@@ -18,6 +19,26 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read saved nvidia-smi output instead of probing")
     p.set_defaults(run=cmd_detect)
+
+
+def _catalogue_lookup(args: argparse.Namespace, env: Mapping[str, str]) -> Callable[[str], str | None]:
+    """A GPU name → its compute capability in the GPU catalogue (None: not there)."""
+    from envbuild.commands.options import load_matrix
+    from envbuild.data.gpus import find_gpu, gpu_keys
+
+    try:
+        rows = load_matrix(args, env).rows("gpus")
+    except (DataError, UsageError):  # detect reports the host even when the data cannot be read
+        return lambda name: None
+    keys = gpu_keys(rows)
+
+    def lookup(name: str) -> str | None:
+        try:
+            return find_gpu(rows, name, keys).compute_capability
+        except UsageError:
+            return None
+
+    return lookup
 
 
 def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
@@ -33,5 +54,6 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
         facts = host.parse_saved(text)
     else:
         facts = host.probe_host(env)
+    facts = with_catalogue(facts, _catalogue_lookup(args, env))
     out(json.dumps(host_report.to_json(facts), indent=2) if args.json else host_report.format_human(facts))
     return 0

@@ -42,8 +42,11 @@ def add_refresh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registry-url", metavar="URL", help="the nvidia/cuda repository's registry "
                    "API (default: https://registry-1.docker.io/v2/nvidia/cuda/)")
     p.add_argument("--python-downloads-url", metavar="URL", help="uv's list of python-build-standalone "
-                   "builds (default: crates/uv-python/download-metadata.json on uv's main branch, "
-                   "https://raw.githubusercontent.com/astral-sh/uv/main/)")
+                   "builds (default: crates/uv-python-managed/download-metadata.json on uv's main "
+                   "branch, https://raw.githubusercontent.com/astral-sh/uv/main/)")
+    p.add_argument("--uv-release", metavar="VERSION", help="read uv's list from the sdist of this uv "
+                   "release (or 'latest') on the package index instead, sha256-checked against the "
+                   "index (where the code host is unreachable)")
     p.set_defaults(run=cmd_refresh)
 
 
@@ -61,7 +64,8 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> refre
         out=out, sources=sources, only=frozenset(args.only or ()),
         offline=args.offline, dry_run=args.dry_run, allow_shrink=args.allow_shrink,
         index_url=args.index_url, pytorch_url=args.pytorch_url, nvidia_url=args.nvidia_url,
-        registry_url=args.registry_url, python_downloads_url=args.python_downloads_url)
+        registry_url=args.registry_url, python_downloads_url=args.python_downloads_url,
+        uv_release=args.uv_release)
 
 
 def cmd_refresh(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:

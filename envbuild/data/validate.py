@@ -29,6 +29,8 @@ _ARCHIVE_RE = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/[A-Za-z0-9._~%
 _MONTH_RE = re.compile(r"\d{4}-\d{2}")
 _DEB_VERSION_RE = re.compile(r"\d+(\.\d+){1,3}-\d+")
 _FPR_RE = re.compile(r"[0-9A-F]{40}")
+# An image by tag and digest, as `docker run` takes it: [registry/]name[:tag]@sha256:<64 hex>.
+_PINNED_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]{1,128})?@sha256:[0-9a-f]{64}", re.ASCII)
 _SOURCE_SCHEMES = ("https://", "pip-index:///")
 
 
@@ -236,6 +238,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "repository": (_source, True),
         "key_url": (_source, True),
         "key_fingerprint": (_pattern(_FPR_RE, "40 upper-case hex digits"), True),
+        # The image the host script's GPU container check runs `nvidia-smi -L` in, by digest.
+        "smoke_image": (_pattern(_PINNED_IMAGE_RE, "an image by digest, name[:tag]@sha256:<64 hex>"), False),
+        "smoke_image_source": (_source, False),
     },
 }
 COMMON_FIELDS = {"source": (_source, True), "retrieved": (_date, True), "note": (_text, False)}

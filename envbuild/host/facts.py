@@ -7,7 +7,7 @@ them, the earlier (better) source winning field by field.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from envbuild.smoke.rules import smi_value
@@ -19,6 +19,7 @@ class GpuFacts:
     name: str
     uuid: str | None = None
     compute_capability: str | None = None  # "8.9"
+    compute_capability_source: str | None = None  # "catalogue": looked up by name, not reported
     memory_mib: int | None = None
     mig_mode: str | None = None  # "Enabled" / "Disabled" / None (not MIG-capable or unknown)
     mig_devices: tuple[str, ...] = ()
@@ -103,6 +104,16 @@ def merge_all(parts: Iterable[HostFacts]) -> HostFacts:
     for part in parts:
         result = merge(result, part)
     return result
+
+
+def with_catalogue(facts: HostFacts, lookup: Callable[[str], str | None]) -> HostFacts:
+    """Each GPU without a reported compute capability gets the one ``lookup`` finds for its
+    name (the GPU catalogue), marked as looked up."""
+    gpus = tuple(
+        replace(g, compute_capability=cc, compute_capability_source="catalogue")
+        if g.compute_capability is None and g.name and (cc := lookup(g.name)) else g
+        for g in facts.gpus)
+    return replace(facts, gpus=gpus)
 
 
 def with_source(facts: HostFacts, source: str) -> HostFacts:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from envbuild.host.facts import GpuFacts, HostFacts, leading_int, mig_mode_of
+from envbuild.smoke.health import HEALTH_FIELDS
 from envbuild.smoke.rules import parse_smi_list, parse_topo_rows, smi_value
 
 # compute_cap is missing from older nvidia-smi; the fallback query drops it.
@@ -20,6 +21,10 @@ QUERY_FIELDS = (
     "driver_version",
 )
 FALLBACK_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+# Header-less rows by their width: detect's own queries, and the smoke test's health query
+# (what `envbuild smoke` and the fleet reports save; its fixtures are such files).
+HEADERLESS = {len(QUERY_FIELDS): QUERY_FIELDS, len(FALLBACK_FIELDS): FALLBACK_FIELDS,
+              len(HEALTH_FIELDS): HEALTH_FIELDS}
 
 
 _SMI_HEADER = re.compile(
@@ -93,7 +98,8 @@ def parse_query_csv(text: str) -> HostFacts:
     """``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``.
 
     With a header, columns are named by it; without, they are ``QUERY_FIELDS``
-    (7 columns) or ``FALLBACK_FIELDS`` (6), the queries ``probe_host`` runs.
+    (7 columns) or ``FALLBACK_FIELDS`` (6), the queries ``probe_host`` runs, or the smoke
+    test's ``HEALTH_FIELDS`` (15).
     """
     columns: tuple[str, ...] | None = None
     rows: list[dict[str, str]] = []
@@ -102,7 +108,7 @@ def parse_query_csv(text: str) -> HostFacts:
         if _is_csv_header(cells):
             columns = tuple(re.sub(r"\s*\[.*\]$", "", c) for c in cells)
             continue
-        names = columns or {7: QUERY_FIELDS, 6: FALLBACK_FIELDS}.get(len(cells))
+        names = columns or HEADERLESS.get(len(cells))
         if names and len(names) == len(cells) and _csv_row_ok(dict(zip(names, cells, strict=True))):
             rows.append(dict(zip(names, cells, strict=True)))
     drivers = [d for r in rows if (d := smi_value(r.get("driver_version")))]

@@ -7,12 +7,15 @@ JSON (``to_json``), a stable contract; keys are the HostFacts field names::
      "driver_source": "nvml"|"nvidia-smi"|"proc"|"file" | null,
      "cuda_driver_version": "12.4" | null,    # newest CUDA the driver supports
      "gpus": [{"index": 0, "name": "...", "uuid": "GPU-..." | null,
-               "compute_capability": "8.9" | null, "memory_mib": 24564 | null,
+               "compute_capability": "8.9" | null,
+               "compute_capability_source": "reported"|"catalogue" | null,
+               "memory_mib": 24564 | null,
                "mig_mode": "Enabled"|"Disabled" | null, "mig_devices": ["..."]}],
      "topology": {"GPU0": {"GPU1": "NV18", "NIC0": "PIX"}, ...} | null,
      "os_release": {"ID": "ubuntu", "VERSION_ID": "22.04", ...},
      "cpu_count": 32 | null, "shm_bytes": 67108864 | null,
-     "problems": ["nvidia-smi: Failed to initialize NVML: ... — <hint>"]}
+     "problems": ["nvidia-smi: Failed to initialize NVML: ... — <hint>"],
+     "advice": ["MIG is on ...", ...]}          # envbuild.host.advice
 
 ``mig_devices`` entries are readable labels; they carry the MIG UUID when the
 source lists it (``nvidia-smi -L``, NVML).
@@ -20,6 +23,7 @@ source lists it (``nvidia-smi -L``, NVML).
 
 from __future__ import annotations
 
+from envbuild.host.advice import advice, gpu_links, topology_gpus
 from envbuild.host.facts import GpuFacts, HostFacts
 
 SCHEMA_VERSION = 1
@@ -39,6 +43,7 @@ def to_json(h: HostFacts) -> dict[str, object]:
         "cpu_count": h.cpu_count,
         "shm_bytes": h.shm_bytes,
         "problems": list(h.problems),
+        "advice": advice(h),
     }
 
 
@@ -48,6 +53,8 @@ def _gpu_json(g: GpuFacts) -> dict[str, object]:
         "name": g.name,
         "uuid": g.uuid,
         "compute_capability": g.compute_capability,
+        "compute_capability_source": g.compute_capability_source or (
+            "reported" if g.compute_capability else None),
         "memory_mib": g.memory_mib,
         "mig_mode": g.mig_mode,
         "mig_devices": list(g.mig_devices),
@@ -72,6 +79,10 @@ def format_human(h: HostFacts) -> str:
     if h.problems:
         lines.append("Problems:")
         lines.extend(f"  ! {p}" for p in h.problems)
+    advised = advice(h)
+    if advised:
+        lines.append("Advice:")
+        lines.extend(f"  - {line}" for line in advised)
     return "\n".join(lines) + "\n"
 
 
@@ -84,6 +95,9 @@ _SOURCE_WORDS = {
 
 
 def _driver_lines(h: HostFacts) -> list[str]:
+    if h.driver_version is None and not h.gpus and topology_gpus(h):
+        # A saved `topo -m` alone names GPUs but no driver: not a host without GPUs.
+        return ["Driver      unknown (the saved output has no driver version)"]
     if h.driver_version is None and not h.gpus:
         if h.problems:
             return ["No working NVIDIA driver answered (see the problems below)."]
@@ -98,6 +112,9 @@ def _driver_lines(h: HostFacts) -> list[str]:
 
 
 def _gpu_lines(h: HostFacts) -> list[str]:
+    if not h.gpus and topology_gpus(h):
+        return [f"GPUs        {len(topology_gpus(h))} in the topology ({', '.join(topology_gpus(h))}); "
+                "names unknown: save `nvidia-smi -L` or `nvidia-smi` with it"]
     if not h.gpus:
         if h.driver_version is None:
             return []
@@ -105,6 +122,8 @@ def _gpu_lines(h: HostFacts) -> list[str]:
     lines = [f"GPUs        {len(h.gpus)}"]
     for g in h.gpus:
         cc = f"compute capability {g.compute_capability}" if g.compute_capability else "cc unknown"
+        if g.compute_capability_source == "catalogue":
+            cc += " (GPU catalogue)"
         memory = f"{g.memory_mib} MiB" if g.memory_mib is not None else "memory unknown"
         mig = f", MIG {g.mig_mode}" if g.mig_mode else ""
         lines.append(f"  [{g.index}] {g.name or 'unknown GPU'}: {cc}, {memory}{mig}")
@@ -113,11 +132,7 @@ def _gpu_lines(h: HostFacts) -> list[str]:
 
 
 def _topology_lines(h: HostFacts) -> list[str]:
-    links: dict[str, int] = {}
-    for a, row in sorted((h.topology or {}).items()):
-        for b, link in row.items():
-            if a.startswith("GPU") and b.startswith("GPU") and a < b:
-                links[link] = links.get(link, 0) + 1
+    links = gpu_links(h)
     if not links:
         return []
     described = [f"{link} ×{n} ({_link_words(link)})" for link, n in sorted(links.items())]

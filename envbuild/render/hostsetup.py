@@ -43,6 +43,7 @@ class Toolkit:
     repository: str
     key_url: str
     key_fingerprint: str
+    smoke_image: str = ""  # the GPU container check's image, by digest ("": none recorded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,7 +152,7 @@ def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Se
                                  "--container-runtime none")
         r = toolkit_rows[0]
         toolkit = Toolkit(version=r["version"], repository=r["repository"], key_url=r["key_url"],
-                          key_fingerprint=r["key_fingerprint"])
+                          key_fingerprint=r["key_fingerprint"], smoke_image=r.get("smoke_image") or "")
     return HostSetup(branch=branch, modules=modules, why=why, nvswitch=nvswitch, runtime=runtime,
                      toolkit=toolkit)
 

@@ -93,7 +93,9 @@ def facts(lock: Lock, host: HostSetup) -> list[tuple[str, str]]:
     t = host.toolkit
     values += [("CTK_VERSION", t.version if t else ""), ("CTK_REPO", t.repository if t else ""),
                ("CTK_KEY_URL", t.key_url if t else ""),
-               ("CTK_KEY_FINGERPRINT", t.key_fingerprint if t else "")]
+               ("CTK_KEY_FINGERPRINT", t.key_fingerprint if t else ""),
+               # The GPU container check's image, pinned by digest (never a moving tag).
+               ("SMOKE_IMAGE_PINNED", t.smoke_image if t else "")]
     if lock.index_url is not None and lock.pylock is None:  # a closure names every file's URL
         values.append(("INDEX_URL", lock.index_url))
     if lock.python_standalone is not None:

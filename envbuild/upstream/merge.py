@@ -35,9 +35,11 @@ class RelationChange:
 
 
 
-def merge_rows(relation: str, old: Sequence[Row], new: Sequence[Row], prefix: str, allow_shrink: bool
+def merge_rows(relation: str, old: Sequence[Row], new: Sequence[Row], prefix: str | tuple[str, ...],
+               allow_shrink: bool
                ) -> tuple[list[Row], RelationChange]:
-    """Old rows with the derived ones folded in (see the module docstring)."""
+    """Old rows with the derived ones folded in (see the module docstring). ``prefix``: the
+    source's prefix, or every prefix of the rows it owns."""
     fields = KEYS[relation]
 
     def key_of(row: Row) -> tuple[str, ...]:
@@ -84,7 +86,7 @@ def _same(old: Row, new: Row) -> bool:
 
 
 def check_shrink(relation: str, old: Sequence[Row], new: Sequence[Row], result: SourceResult) -> None:
-    owned = sum(1 for row in old if str(row.get("source", "")).startswith(result.prefix))
+    owned = sum(1 for row in old if str(row.get("source", "")).startswith(result.owned))
     if owned and len(new) < owned * (1 - MAX_SHRINK):
         percent = round(100 * (owned - len(new)) / owned)
         raise DataError(
@@ -107,7 +109,7 @@ def merge_all(documents: Mapping[str, dict[str, Any]], results: Sequence[SourceR
                 raise DataError(f"{relation}.yaml missing from the data directory")
             if not allow_shrink:
                 check_shrink(relation, current[relation], rows, result)
-            merged, change = merge_rows(relation, current[relation], rows, result.prefix,
+            merged, change = merge_rows(relation, current[relation], rows, result.owned,
                                         allow_shrink)
             current[relation] = merged
             changes[relation] = _add_changes(changes.get(relation), change)

@@ -55,6 +55,7 @@ class RefreshOptions:
     nvidia_url: str | None = None
     registry_url: str | None = None
     python_downloads_url: str | None = None  # uv's download-metadata.json
+    uv_release: str | None = None  # read that list from this uv release's sdist on the index
     policy: HttpPolicy | None = None
     lock_timeout_s: float = 0.0
     retrieved: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
@@ -151,7 +152,8 @@ def _client(options: RefreshOptions, env: Mapping[str, str], progress: Log) -> A
     from envbuild.upstream.simple_api import IndexClient
 
     # The client is also the HTTP client of the other sources; only some need an index.
-    reads_index = INDEX_SOURCES & set(options.sources)
+    reads_index = bool(INDEX_SOURCES & set(options.sources)) or (
+        options.uv_release is not None and "python" in options.sources)
     index = index_url(options.index_url, env) if reads_index else NO_INDEX
     return IndexClient(index, env=env, policy=options.policy, log=progress)
 
@@ -174,7 +176,8 @@ def build_sources(options: RefreshOptions, client: Any) -> list[Source]:
         "wheels": PypiWheelsSource(client=client, index=client.index),
         "pytorch": PytorchIndexSource(base_url=options.pytorch_url or PYTORCH),
         "tags": RegistryTagsSource(repository_url=options.registry_url or REGISTRY),
-        "python": PythonStandaloneSource(url=options.python_downloads_url or PYTHON_DOWNLOADS),
+        "python": PythonStandaloneSource(url=options.python_downloads_url or PYTHON_DOWNLOADS,
+                                         index=client.index, uv_release=options.uv_release),
     }
     chosen = [made[name] for name in ORDER if name in options.sources]
     return [s for s in chosen if not options.only or options.only & s.projects]
@@ -199,7 +202,7 @@ def collect(options: RefreshOptions, env: Mapping[str, str], documents: Mapping[
         result = _without_credentials(source.collect(context))
         results.append(result)
         for relation, rows in result.rows.items():
-            merged, _ = merge_rows(relation, current.get(relation, ()), rows, result.prefix,
+            merged, _ = merge_rows(relation, current.get(relation, ()), rows, result.owned,
                                    False)
             current[relation] = tuple(merged)
     return results
@@ -262,6 +265,9 @@ def validate_texts(directory: Path, texts: Mapping[str, bytes]) -> None:
 
 def check_upstream_urls(options: RefreshOptions) -> None:
     """Rows cite their upstream by URL and the data accepts only https ones: refuse others early."""
+    if options.uv_release is not None and options.python_downloads_url is not None:
+        raise UsageError("--uv-release and --python-downloads-url cannot be combined",
+                         hint="read uv's list either from a URL or from a uv release on the index")
     for flag, url in (("--pytorch-url", options.pytorch_url), ("--nvidia-url", options.nvidia_url),
                       ("--registry-url", options.registry_url),
                       ("--python-downloads-url", options.python_downloads_url)):

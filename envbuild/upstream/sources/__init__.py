@@ -56,6 +56,11 @@ class SourceResult:
     name: str
     prefix: str
     rows: Mapping[str, tuple[Row, ...]] = field(default_factory=dict)
+    also_owns: tuple[str, ...] = ()  # other prefixes of rows this source wrote (another origin)
+
+    @property
+    def owned(self) -> tuple[str, ...]:
+        return (self.prefix, *self.also_owns)
 
 
 class Source(Protocol):

@@ -20,7 +20,7 @@ from packaging.version import Version
 from envbuild.errors import DataError
 from envbuild.upstream import simple_api, torch_facts
 from envbuild.upstream.simple_api import IndexClient, MetadataRead, WheelFile
-from envbuild.upstream.sources import Context, Fetch, Row, SourceResult, with_digest
+from envbuild.upstream.sources import Context, Fetch, Row, SourceResult, companions_kept, with_digest
 from envbuild.upstream.torch_facts import CompanionFact, CompanionRow, PypiFacts, TorchWheelFact
 
 PREFIX = "pip-index:///"
@@ -80,8 +80,17 @@ class PypiSource:
             vision = _companions(reader, "torchvision", only, context)
             audio = _companions(reader, "torchaudio", only, context)
             table = torch_facts.companions_table([f.torch for f in torch], vision, audio)
+            unread = frozenset(companions_kept.COMPANIONS) - only
+            recorded = context.existing.get("torch_companions", ())
+            if unread:  # --only torchvision / torchaudio: the other keeps its recorded facts
+                table = companions_kept.with_recorded(table, recorded, unread, PREFIX, reader.digests)
             facts = PypiFacts(torch=torch, torchvision=vision, torchaudio=audio, companions=table)
             documents = build_documents(facts, context.retrieved, reader.digests)
+            if unread:
+                companions_kept.keep_recorded_notes(documents["torch_companions"]["rows"], recorded,
+                                                    unread, PREFIX)
+                companions_kept.keep_recorded_notes(documents["torch_pypi"]["rows"],
+                                                    context.existing.get("torch_pypi", ()), unread, PREFIX)
             rows["torch_companions"] = tuple(documents["torch_companions"]["rows"])
         else:
             documents = build_documents(_torch_only(torch, context.existing), context.retrieved,

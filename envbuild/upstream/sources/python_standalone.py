@@ -2,7 +2,9 @@
 
 uv installs CPython from the python-build-standalone project and keeps the list of the
 builds it offers, with each archive's URL and sha256, in one JSON document
-(``crates/uv-python/download-metadata.json`` in uv's repository): an object whose values
+(``crates/uv-python-managed/download-metadata.json`` in uv's repository since late 2026,
+``crates/uv-python/`` before; the same file ships in uv's sdist on the Python package
+index, which ``uv_release`` reads instead: ``uv_sdist``): an object whose values
 each describe one build (``name``, ``os``, ``libc``, ``arch.family``, ``arch.variant``,
 ``major``, ``minor``, ``patch``, ``prerelease``, ``variant``, ``url``, ``sha256``,
 ``build``). This source keeps, per CPython minor that the torch relations list and per
@@ -15,6 +17,7 @@ Prereleases (``rc1``) are left out: a stack is built on a final release.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -22,10 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from envbuild.errors import DataError
-from envbuild.upstream.sources import Context, Row, SourceResult, with_digest
+from envbuild.upstream.sources import Context, Row, SourceResult, uv_sdist, with_digest
 
-DEFAULT_URL = ("https://raw.githubusercontent.com/astral-sh/uv/main/crates/uv-python/"
+DEFAULT_URL = ("https://raw.githubusercontent.com/astral-sh/uv/main/crates/uv-python-managed/"
                "download-metadata.json")
+INDEX_PREFIX = "pip-index:///simple/uv/"  # rows read from a uv sdist on the package index
 ARCHES = ("x86_64", "aarch64")
 FLAVOURS = ("install_only_stripped.tar.gz", "install_only.tar.gz")  # preferred first
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -97,16 +101,17 @@ def candidates(document_url: str, body: bytes) -> dict[tuple[str, str], tuple[Ra
 
 
 def standalone_rows(document_url: str, body: bytes, sha256: str, pythons: set[str],
-                    retrieved: str) -> list[Row]:
-    """The python_standalone rows for ``pythons``, sorted by Python and architecture."""
+                    retrieved: str, *, source: str | None = None, note: str = "") -> list[Row]:
+    """The python_standalone rows for ``pythons``, sorted by Python and architecture. ``source``:
+    the provenance to record when it is not the document's URL and digest; ``note``: appended."""
     found = candidates(document_url, body)
     rows = []
     for (python, _arch), (_, facts) in found.items():
         if python not in pythons:
             continue
         row = {k: v for k, v in facts.items() if k != "note" and (k != "build" or v)}
-        rows.append({**row, "source": with_digest(document_url, sha256), "retrieved": retrieved,
-                     "note": facts["note"]})
+        rows.append({**row, "source": source or with_digest(document_url, sha256),
+                     "retrieved": retrieved, "note": facts["note"] + note})
 
     def order(row: Row) -> tuple[int, bool, int]:
         match = _PYTHON.fullmatch(row["python"])
@@ -124,20 +129,66 @@ def origin(url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ListRead:
+    """uv's download list as read: where (for errors), its bytes, the provenance rows record."""
+
+    where: str
+    body: bytes
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PythonStandaloneSource:
     name: str = "python"
     projects: frozenset[str] = frozenset({"python"})
     url: str = DEFAULT_URL
+    index: str = ""  # the package index, read when ``uv_release`` is set
+    uv_release: str | None = None  # a uv version, or "latest": read the list from its sdist
 
     def collect(self, context: Context) -> SourceResult:
-        document = context.fetch.document(self.url)
+        read = self._from_index(context) if self.uv_release else self._from_url(context)
         pythons = pythons_used(context.existing)
-        rows = standalone_rows(document.url, document.body, document.sha256, pythons, context.retrieved)
+        rows = standalone_rows(read.where, read.body, "", pythons, context.retrieved,
+                               source=read.source, note=read.note)
         have = {r["python"] for r in rows}
         for python in sorted(pythons - have):
             context.warn(f"python-build-standalone: no final Linux build of CPython {python} "
-                         f"in {self.url}")
+                         f"in {read.where}")
         context.progress(f"python-build-standalone: {len(rows)} builds for "
                          f"{len(have)} CPython versions")
-        return SourceResult(name=self.name, prefix=origin(document.url),
+        prefix = INDEX_PREFIX if self.uv_release else origin(read.where)
+        # Rows read from uv's list are this source's wherever they were read: the code host
+        # or a uv release on the index (a refresh from either replaces the other's).
+        owns = tuple(p for p in (origin(DEFAULT_URL), INDEX_PREFIX) if p != prefix)
+        return SourceResult(name=self.name, prefix=prefix, also_owns=owns,
                             rows={"python_standalone": tuple(rows)})
+
+    def _from_url(self, context: Context) -> ListRead:
+        document = context.fetch.document(self.url)
+        return ListRead(where=document.url, body=document.body,
+                        source=with_digest(document.url, document.sha256))
+
+    def _from_index(self, context: Context) -> ListRead:
+        from envbuild.upstream.simple_api import SIMPLE_JSON
+
+        page = context.fetch.document(f"{self.index.rstrip('/')}/{uv_sdist.PROJECT}/",
+                                      headers={"Accept": SIMPLE_JSON})
+        wanted = None if self.uv_release == "latest" else self.uv_release
+        sdist = uv_sdist.pick_sdist(page.body, page.url, wanted)
+        uv_sdist.check_size(sdist)
+        context.progress(f"python-build-standalone: reading uv's list from {sdist.filename}")
+
+        def produce() -> bytes:
+            body = context.fetch.document(sdist.url).body
+            uv_sdist.check_digest(sdist, body)
+            member, content = uv_sdist.read_member(sdist.filename, body)
+            return member.encode() + b"\0" + content
+
+        # Keyed by the sdist's sha256: the same release's list is read once, then offline too.
+        cached = context.fetch.immutable(f"{sdist.url}#sha256={sdist.sha256}#download-metadata", produce)
+        member, _, body = cached.partition(b"\0")
+        digest = hashlib.sha256(body).hexdigest()
+        return ListRead(where=f"{sdist.filename}:{member.decode()}", body=body,
+                        source=with_digest(f"{INDEX_PREFIX}#{sdist.filename}", sdist.sha256),
+                        note=f"; read from {member.decode()} (sha256 {digest}) in that uv sdist")

@@ -34,6 +34,7 @@ readonly CTK_VERSION=1.20.0-1
 readonly CTK_REPO=https://nvidia.github.io/libnvidia-container/stable/deb
 readonly CTK_KEY_URL=https://nvidia.github.io/libnvidia-container/gpgkey
 readonly CTK_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
+readonly SMOKE_IMAGE_PINNED=ubuntu:24.04@sha256:69cecf4bbf72d2d44a9eef1b71fb98c7fb973d78af11399deccef19beb008ad9
 readonly INDEX_URL=https://download.pytorch.org/whl/cu126
 readonly -a TORCH_PINS=(torch==2.14.1+cu126 torchvision==0.29.2+cu126)
 readonly -a APT_EXTRA=()
@@ -58,6 +59,16 @@ readonly CTK_KEYRING=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
 readonly CTK_LIST=/etc/apt/sources.list.d/nvidia-container-toolkit.list
 readonly CTK_PACKAGES=(nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1)
 readonly CDI_SPEC=/etc/cdi/nvidia.yaml
+# The fabric manager's package name. Up to R575 NVIDIA's repository ships nvidia-fabricmanager-<branch>.
+# From R580 it ships one nvidia-fabricmanager, versioned by the driver, and nvidia-fabricmanager-<branch>
+# is only a virtual package that it provides: apt cannot install a version of a virtual package
+# (https://github.com/NVIDIA/gpu-driver-container/pull/451: "Package nvidia-fabricmanager-580 is a virtual
+# package provided by: nvidia-fabricmanager 580.65.06-1 / E: Version '580.65.06-1' for
+# 'nvidia-fabricmanager-580' was not found"; its scripts install nvidia-fabricmanager from 580 on).
+# Ubuntu's own archive still builds a real nvidia-fabricmanager-<branch> for 580 and later
+# (https://packages.ubuntu.com/questing/nvidia-fabricmanager-580, read 2026-11-25: jammy to resolute), so
+# from R580 both names are tried, NVIDIA's first, each only at the loaded driver's exact version.
+readonly FABRICMANAGER_UNVERSIONED_FROM=580
 # How long the NVSwitch fabric may take to reach "Completed" once the fabric manager runs.
 readonly FABRIC_WAIT=${ENVBUILD_FABRIC_WAIT:-120}
 readonly DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
@@ -114,7 +125,8 @@ usage() {
     "  --nvswitch           an NVSwitch system: install the fabric manager whatever detection finds" \
     "  --container-runtime R  docker|containerd|podman|none (default $DEFAULT_RUNTIME): the NVIDIA" \
     "                       Container Toolkit $CTK_VERSION, configured for R (none: not installed)" \
-    "  --smoke-image REF    image of the GPU container check when Docker is here (default ubuntu)" \
+    "  --smoke-image REF    image of the GPU container check when Docker is here, by digest" \
+    "                       (name[:tag]@sha256:<64 hex>; default: $SMOKE_IMAGE_PINNED)" \
     "  --dcgm-level N       dcgmi diag -r N when dcgmi is installed (default 1; 0 skips it)" \
     "  --no-smoke           skip the smoke test" \
     "  --lock-timeout S     wait up to S seconds for the dpkg lock (default 120)" \
@@ -138,7 +150,7 @@ DOWNLOAD_TIMEOUT=600
 BRANCH_WANTED=$DRIVER_BRANCH
 NVSWITCH=$NVSWITCH_FORCED
 RUNTIME=$DEFAULT_RUNTIME
-SMOKE_IMAGE=ubuntu
+SMOKE_IMAGE=$SMOKE_IMAGE_PINNED
 DCGM_LEVEL=1
 
 parse_args() {
@@ -204,7 +216,9 @@ parse_args() {
   case $RUNTIME in docker | containerd | podman | none) ;; *) die 2 "--container-runtime must be docker, containerd, podman or none" ;; esac
   [[ $RUNTIME == none || -n $CTK_VERSION ]] || die 2 "--container-runtime $RUNTIME: this script was rendered without the container toolkit (render it with --container-runtime $RUNTIME)"
   [[ $DCGM_LEVEL =~ ^[0-4]$ ]] || die 2 "--dcgm-level must be 0 (skip) or a dcgmi diag level 1 to 4"
-  [[ $SMOKE_IMAGE =~ ^[A-Za-z0-9][A-Za-z0-9._/:@-]*$ ]] || die 2 "--smoke-image must be an image reference such as ubuntu:22.04"
+  # By digest only: a tag moves, and the check would run whatever it names that day as root with the GPUs.
+  [[ -z $SMOKE_IMAGE || $SMOKE_IMAGE =~ ^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?@sha256:[0-9a-f]{64}$ ]] \
+    || die 2 "--smoke-image must be an image reference by digest such as ubuntu:24.04@sha256:<64 hex>"
   if ((WITH_TOOLKIT)) && [[ -z $TOOLKIT_PACKAGE ]]; then
     die 2 "--with-toolkit: this stack has no CUDA (variant $VARIANT)"
   fi
@@ -246,9 +260,28 @@ fabric_state() { # the "State" line of nvidia-smi -q's Fabric section (Completed
   nvidia-smi -q 2>/dev/null | awk '/^ *Fabric *$/ { f = 1; next } f && /^ *State *:/ { sub(/^[^:]*: */, ""); print; exit }' || true
 }
 
+fabricmanager_names() { # the fabric manager's package names for the loaded driver's branch, NVIDIA's first
+  local branch=${DRIVER_NOW%%.*}
+  if ((branch >= FABRICMANAGER_UNVERSIONED_FROM)); then
+    printf '%s\n' nvidia-fabricmanager "nvidia-fabricmanager-$branch"
+  else
+    printf '%s\n' "nvidia-fabricmanager-$branch"
+  fi
+}
+
+fabricmanager_installed() { # the name of the installed fabric manager of exactly the loaded driver's version
+  local name
+  for name in $(fabricmanager_names); do
+    if [[ $(pkg_version "$name") == "$DRIVER_NOW"-* ]]; then
+      echo "$name"
+      return 0
+    fi
+  done
+  return 1
+}
+
 fabric_ready() { # the fabric manager of exactly the loaded driver's version runs
-  [[ $(pkg_version "nvidia-fabricmanager-${DRIVER_NOW%%.*}") == "$DRIVER_NOW"-* ]] \
-    && systemctl is-active --quiet nvidia-fabricmanager 2>/dev/null
+  fabricmanager_installed >/dev/null && systemctl is-active --quiet nvidia-fabricmanager 2>/dev/null
 }
 
 runtime_unconfigured() { # the chosen runtime is installed and has no nvidia runtime yet
@@ -546,7 +579,7 @@ plan() {
     elif ! fabric_ready; then
       FABRIC=1
       NEED_NVIDIA_REPO=1
-      PLAN+=("install nvidia-fabricmanager-${DRIVER_NOW%%.*} $DRIVER_NOW (the loaded driver's version) and start it")
+      PLAN+=("install the fabric manager $DRIVER_NOW (the loaded driver's version; $(fabricmanager_names | paste -sd'|' -)) and start it")
     fi
   fi
   if unattended_upgrades_present; then
@@ -822,18 +855,22 @@ enable_persistenced() { # started now only when a driver is loaded; else from th
 }
 
 install_fabricmanager() {
-  local branch=${DRIVER_NOW%%.*} version
-  if [[ $(pkg_version "nvidia-fabricmanager-$branch") != "$DRIVER_NOW"-* ]]; then
+  if ! fabricmanager_installed >/dev/null; then
     ((APT_UPDATED)) || { apt_get update && APT_UPDATED=1; }
-    version=$(apt-cache madison "nvidia-fabricmanager-$branch" 2>/dev/null \
-      | awk -F' *[|] *' -v v="$DRIVER_NOW-" 'index($2, v) == 1 { print $2; exit }' || true)
-    [[ -n $version ]] || die 1 "no nvidia-fabricmanager-$branch of version $DRIVER_NOW (the loaded driver's) in the apt sources"
-    local packages=("nvidia-fabricmanager-$branch=$version")
+    local name version="" names
+    names=$(fabricmanager_names | paste -sd' ' -)
+    for name in $names; do # a virtual package has no version of its own in madison's list
+      version=$(apt-cache madison "$name" 2>/dev/null \
+        | awk -F' *[|] *' -v v="$DRIVER_NOW-" 'index($2, v) == 1 { print $2; exit }' || true)
+      [[ -z $version ]] || break
+    done
+    [[ -n $version ]] || die 1 "no fabric manager of version $DRIVER_NOW (the loaded driver's) in the apt sources: tried $names"
+    local packages=("$name=$version")
     # Blackwell HGX boards (5th generation NVSwitch) also need NVIDIA's NVLink Subnet Manager
     # (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/, NVLink Subnet Manager).
     gpu_names | grep -Eq 'B[23]00' && packages+=(nvlsm)
     apt_install "${packages[@]}"
-    apt-mark hold "nvidia-fabricmanager-$branch" >/dev/null
+    apt-mark hold "$name" >/dev/null
   fi
   systemctl enable --now nvidia-fabricmanager
   local waited=0 state
@@ -950,7 +987,9 @@ smoke() { # every check runs; the first failure's exit code is the script's
   [[ -z $COMPAT_DIR ]] || log "forward compatibility: $COMPAT_DIR first on LD_LIBRARY_PATH"
   env "${envs[@]}" "$VENV/bin/python" "$PREFIX/smoke.py" --lock "$PREFIX/envbuild.lock" || rc=$?
   ((rc == 0)) || failed+=("smoke.py (exit $rc)")
-  if [[ $RUNTIME == docker && -n $MIN_DRIVER ]] && command -v docker >/dev/null 2>&1; then
+  if [[ $RUNTIME == docker && -n $MIN_DRIVER && -z $SMOKE_IMAGE ]]; then
+    log "GPU container: skipped (no image by digest recorded; pass --smoke-image name@sha256:<64 hex>)"
+  elif [[ $RUNTIME == docker && -n $MIN_DRIVER ]] && command -v docker >/dev/null 2>&1; then
     log "GPU container: docker run --rm --runtime=nvidia --gpus all $SMOKE_IMAGE nvidia-smi -L"
     docker run --rm --runtime=nvidia --gpus all "$SMOKE_IMAGE" nvidia-smi -L || code=$?
     if ((code != 0)); then
