@@ -240,3 +240,28 @@ def test_validate_rejects_an_unknown_family_and_a_row_without_one(tmp_path: Path
     assert ("gpus.yaml row 1: family must be one of GeForce, Workstation, Data Center, Jetson, "
             "got 'Gaming'") in message
     assert "gpus.yaml row 2: missing 'family'" in message
+
+
+def test_an_unrecorded_arch_list_is_refused_not_guessed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md B3: a variant without an arch list is refused for a GPU (exit 3), never
+    assumed to cover it. The bundled data has no such variant left (issue 23), so the
+    2.6.0 cu126 row loses its list in a copy."""
+    import json
+    import shutil
+
+    import yaml
+
+    from envbuild.commands.cli import main
+
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    path = target / "torch_variants.yaml"
+    document = yaml.safe_load(path.read_text())
+    [row] = [r for r in document["rows"] if (r["torch"], r["variant"]) == ("2.6.0", "cu126")]
+    del row["arch_list"]
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    code = main(["resolve", "--json", "--driver", "550", "--gpu", "H100", "--torch", "2.6",
+                 "--variant", "cu126"], env={"ENVBUILD_NO_CACHE": "1", "ENVBUILD_MATRICES": str(target)})
+    assert code == 3
+    assert "arch list is not recorded" in json.loads(capsys.readouterr().out)["error"]

@@ -199,6 +199,10 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "torch": (VERSION, True),
         "torchvision": (_nullable(VERSION), True),
         "torchaudio": (_nullable(VERSION), True),
+        # the CPython versions the companion has Linux x86_64 wheels for; absent: any
+        # (a py3-none wheel) or not read
+        "torchvision_python": (_list_of(PYTHON), False),
+        "torchaudio_python": (_list_of(PYTHON), False),
     },
     "cuda_images": {
         "cuda": (VERSION, True),

@@ -35,11 +35,12 @@ KEPT_FIELDS = {
              "min_driver_branch", "last_driver_branch", "driver_source", "source"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
-    "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
+    "torch_companions": ("torch", "torchvision", "torchaudio", "torchvision_python",
+                         "torchaudio_python", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 8  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
-# 8: the recorded standalone CPython builds
+INDEX_FORMAT = 9  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
+# 8: the recorded standalone CPython builds; 9: the companions' CPython versions
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:

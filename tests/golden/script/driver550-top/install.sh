@@ -35,7 +35,7 @@ readonly CTK_REPO=https://nvidia.github.io/libnvidia-container/stable/deb
 readonly CTK_KEY_URL=https://nvidia.github.io/libnvidia-container/gpgkey
 readonly CTK_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 readonly INDEX_URL=https://download.pytorch.org/whl/cu126
-readonly -a TORCH_PINS=(torch==2.14.1+cu126 torchvision==0.29.2+cu126)
+readonly -a TORCH_PINS=(torch==2.14.1+cu126 torchvision==0.29.1+cu126)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
 readonly -a ENV_PAIRS=()

@@ -35,7 +35,7 @@ readonly CTK_REPO=https://nvidia.github.io/libnvidia-container/stable/deb
 readonly CTK_KEY_URL=https://nvidia.github.io/libnvidia-container/gpgkey
 readonly CTK_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 readonly INDEX_URL=https://download.pytorch.org/whl/cu132
-readonly -a TORCH_PINS=(torch==2.15.0+cu132)
+readonly -a TORCH_PINS=(torch==2.15.0+cu132 torchvision==0.29.2+cu132)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
 readonly -a ENV_PAIRS=()
