@@ -242,6 +242,12 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
         if compat_cuda is not None and compat_cuda != row["cuda"]:
             notes.append(f"the image's cuda-compat is CUDA {compat_cuda}'s: CUDA "
                          f"{row['cuda']} runs on it through minor-version compatibility")
+    nvcc = ".".join(base_cuda.split(".")[:2]) if base_cuda else None
+    if ask.flavor == "devel" and runtime and runtime.compat != "forward" and nvcc != row["cuda"]:
+        notes.append(f"devel image's nvcc is CUDA {nvcc}, the wheel's CUDA {row['cuda']}: no "
+                     f"CUDA {row['cuda']} image runs natively on this driver (its CUDA "
+                     "requirement would stop the container); torch.utils.cpp_extension only "
+                     "warns on a minor mismatch, and extensions must carry SASS for the GPU")
     if runtime and base_cuda is None:
         notes.append("plain Ubuntu base: no nvidia/cuda base image is recorded for this CUDA "
                      "release; the wheels carry the CUDA libraries")

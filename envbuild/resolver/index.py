@@ -40,7 +40,7 @@ KEPT_FIELDS = {
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
 INDEX_FORMAT = 9  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
-# 8: the recorded standalone CPython builds; 9: the companions' CPython versions
+# 8: the recorded standalone CPython builds; 9: the companions' CPython versions, driver branches
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -105,6 +105,9 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         # GPU unpacks them, so its size costs the other forms nothing.
         # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
         "gpus": marshal.dumps((gpu_keys(gpus), [marshal.dumps(row) for row in gpus])),
+        # branch -> (designation, end of life "YYYY-MM" or None, source): the driver's lifecycle
+        "branches": {r["branch"]: (r["designation"], r.get("end_of_life"), r["source"])
+                     for r in matrix.rows("driver_branches")},
     }
 
 
@@ -190,6 +193,7 @@ class Index:
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
         self.standalone: dict[str, str] = data["standalone"]
+        self.branches: dict[int, tuple[str, str | None, str]] = data["branches"]
         self._gpus_packed: bytes = data["gpus"]
         self._gpus: tuple[dict[str, int], PackedRows] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}
