@@ -32,7 +32,7 @@ KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "cuda_compat": ("min_driver",),
     "gpus": ("name", "aliases", "compute_capability", "architecture", "family", "datacenter",
-             "min_driver_branch", "last_driver_branch", "driver_source", "source"),
+             "min_driver_branch", "last_driver_branch", "driver_source", "source", "assumed_for"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
     "torch_companions": ("torch", "torchvision", "torchaudio", "torchvision_python",
