@@ -94,3 +94,13 @@ def test_devel_nvcc_different_from_the_wheels_cuda_is_explained(
     stack = json.loads(out)["stacks"][0]  # 560 runs 12.6 natively: nvcc 12.6, no note
     assert stack["base_image"].startswith("nvidia/cuda:12.6.")
     assert not any("nvcc" in n for n in stack["notes"])
+
+
+def test_families_the_users_own_filter_ruled_out_are_not_listed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--torch 2.1 --python 3.12: the 2.1.x families (no cp312 wheels) are the conflict; the
+    ones --torch itself ruled out (torch 1.13.0+cpu ...) are not listed as causes."""
+    code, _, err = run(capsys, "--torch", "2.1", "--python", "3.12")
+    assert code == 3
+    causes = err.split("The conflict is caused by:\n")[1].split("To fix this")[0].splitlines()
+    assert causes and all(c.startswith("  - torch 2.1.") for c in causes), causes

@@ -41,7 +41,10 @@ def _conflict_lines(resolution: Resolution) -> list[str]:
              "ubuntu"]
     # The most informative reasons are the ones that failed latest in the check order:
     # they passed every user filter and still did not fit.
-    ranked = sorted(resolution.rejected, key=lambda r: -order.index(r.constraint)
+    # Families the user's own --torch/--variant (or the CPU default) ruled out explain nothing
+    # once some family got past them: "torch 1.13.0+cpu does not match --torch 2.15" is noise.
+    passed = [r for r in resolution.rejected if r.constraint not in ("torch", "variant")]
+    ranked = sorted(passed or resolution.rejected, key=lambda r: -order.index(r.constraint)
                     if r.constraint in order else 0)
     lines: list[str] = []
     for rejection in ranked:
