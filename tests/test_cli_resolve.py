@@ -180,7 +180,7 @@ def test_json_is_stable(capsys: pytest.CaptureFixture[str]) -> None:
     body = json.loads(out)
     assert set(body) == {"schema", "driver", "gpus", "stacks", "total_stacks", "rejected"}
     assert set(body["driver"]) == {"version", "max_cuda", "max_cuda_release", "minor_compat",
-                                   "partial", "older_builds"}
+                                   "partial", "older_builds", "branch"}  # branch: issue 23
     assert set(body["stacks"][0]) >= {"torch", "torchvision", "torchaudio", "variant", "index_url",
                                       "cuda", "cudnn", "python", "ubuntu", "base_image", "compat"}
     assert body["stacks"][0]["compat"] in ("native", "minor-version", "forward")

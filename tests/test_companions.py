@@ -256,6 +256,9 @@ def test_refresh_pairs_2_14_1_and_says_why_2_15_0_has_none(
     refresh.refresh(options, env, lambda message: None)
 
     rows = {r["torch"]: r for r in yaml.safe_load((data / "torch_companions.yaml").read_text())["rows"]}
+    # 2.11.0's row cites the previous-versions page (torchaudio 2.11.0 declares no torch
+    # requirement): hand-sourced, so the refresh keeps it as it is.
+    assert rows.pop("2.11.0")["torchaudio"] == "2.11.0"
     assert {t: (r["torchvision"], r["torchaudio"]) for t, r in rows.items()} == {
         "2.14.0": ("0.29.0", None), "2.14.1": ("0.29.2", None), "2.15.0": (None, None)}
     # torchaudio 2.14.0 bounds torch above as well: the rule does not read it, the note names it.
@@ -318,12 +321,12 @@ def test_a_null_companion_without_a_reason_is_refused(tmp_path: Path) -> None:
     text = (data / "torch_companions.yaml").read_text()
     document = yaml.safe_load(text)
     for row in document["rows"]:
-        if row["torch"] == "2.15.0":
+        if row["torch"] == "2.12.0":  # torchaudio null: its note says why, until emptied here
             row["note"] = "read by hand"
     (data / "torch_companions.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
     with pytest.raises(DataError) as caught:
         matrices.load(data)
-    assert "torchvision is null and the note does not say why" in str(caught.value)
+    assert "torchaudio is null and the note does not say why" in str(caught.value)
 
 
 # --- what resolve and the lock say -----------------------------------------------------------
@@ -343,19 +346,46 @@ def test_companions_missing_names_both_with_the_datas_reasons() -> None:
         "no torchaudio for torch 2.14.1: torch_companions.yaml records no torchaudio and no reason")
 
 
-def test_resolve_notes_why_torch_2_15_0_has_no_companions() -> None:
+def test_resolve_pairs_torch_2_15_0_with_torchvision_0_29_2_and_says_why_no_torchaudio() -> None:
+    """torchvision 0.29.2 is the cu132 build uploaded with torch 2.15.0 (FACTS-2026-11-25 F);
+    torchaudio stopped at 2.11.0, and the note says so."""
     matrix = matrices.load(REPO / "matrices")
     request = build_request(Selectors(torch="==2.15.0"), matrix, {})
     stack = resolve(request, matrix).stacks[0]
-    assert (stack.torch, stack.torchvision, stack.torchaudio) == ("2.15.0", None, None)
-    [note] = [n for n in stack.notes if n.startswith("no torchvision/torchaudio for torch 2.15.0: ")]
-    assert "the newest, 0.29.2, declares torch>=2.14.0" in note
+    assert (stack.torch, stack.torchvision, stack.torchaudio) == ("2.15.0", "0.29.2", None)
+    [note] = [n for n in stack.notes if n.startswith("no torchaudio for torch 2.15.0: ")]
+    assert "the newest, 2.11.0, declares no torch requirement" in note
     assert note in stack.to_json()["notes"]
 
 
-def test_resolve_pairs_torch_2_14_1_with_torchvision_0_29_2() -> None:
+def test_resolve_pairs_torch_2_14_1_with_torchvision_0_29_1() -> None:
+    """0.29.1 was uploaded with 2.14.1 (a cu130 build, as 2.14.x); 0.29.2 belongs to 2.15.0."""
     matrix = matrices.load(REPO / "matrices")
     stack = resolve(build_request(Selectors(torch="==2.14.1"), matrix, {}), matrix).stacks[0]
-    assert (stack.torchvision, stack.torchaudio) == ("0.29.2", None)
+    assert (stack.torchvision, stack.torchaudio) == ("0.29.1", None)
     assert [n for n in stack.notes if n.startswith("no torchaudio for torch 2.14.1: ")]
     assert not [n for n in stack.notes if "torchvision" in n.split(":")[0]]
+
+
+def test_resolve_pairs_torch_2_11_0_with_torchaudio_2_11_0() -> None:
+    matrix = matrices.load(REPO / "matrices")
+    stack = resolve(build_request(Selectors(torch="==2.11.0"), matrix, {}), matrix).stacks[0]
+    assert (stack.torchvision, stack.torchaudio) == ("0.26.0", "2.11.0")
+    assert not [n for n in stack.notes if n.startswith("no ")]
+
+
+def test_companions_without_a_wheel_for_the_python_are_left_out() -> None:
+    """torchvision 0.20.1 and torchaudio 2.5.1 have no cp313 wheels: torch 2.5.1 on Python 3.13
+    gets neither (and a note naming the Pythons they have); without --python the stack takes
+    a Python they have wheels for."""
+    matrix = matrices.load(REPO / "matrices")
+    on_313 = resolve(build_request(Selectors(torch="==2.5.1", python="3.13"), matrix, {}), matrix)
+    stack = on_313.stacks[0]
+    assert (stack.python, stack.torchvision, stack.torchaudio) == ("3.13", None, None)
+    [note] = [n for n in stack.notes if n.startswith("no companion wheel for Python 3.13: ")]
+    assert "torchvision 0.20.1 has wheels for Python 3.9, 3.10, 3.11, 3.12" in note
+    assert "torchaudio 2.5.1 has wheels for Python 3.9, 3.10, 3.11, 3.12" in note
+    free = resolve(build_request(Selectors(torch="==2.5.1"), matrix, {}), matrix).stacks
+    assert all(s.python != "3.13" and s.torchvision == "0.20.1" for s in free)
+    cp313 = resolve(build_request(Selectors(torch="==2.6.0", python="3.13"), matrix, {}), matrix)
+    assert cp313.stacks[0].torchvision == "0.21.0"  # 0.21.0 has cp313: kept

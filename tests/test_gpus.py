@@ -151,6 +151,25 @@ OLD_REVIEWED_ROWS = {"NVIDIA A10G", "NVIDIA A100-SXM4-40GB", "NVIDIA A30", "Tesl
     ("TITAN V", "NVIDIA TITAN V", "7.0", "GeForce"),
     ("RTX 5080", "NVIDIA GeForce RTX 5080", "12.0", "GeForce"),
     ("Quadro P4000", "Quadro P4000", "6.1", "Workstation"),
+    # issue 23: the cards it found unknown, each as nvidia-smi prints it
+    ("GTX 1650", "NVIDIA GeForce GTX 1650", "7.5", "GeForce"),
+    ("GTX 1660 SUPER", "NVIDIA GeForce GTX 1660 SUPER", "7.5", "GeForce"),
+    ("GTX 1660 Ti", "NVIDIA GeForce GTX 1660 Ti", "7.5", "GeForce"),
+    ("NVIDIA GeForce GTX 1660", "NVIDIA GeForce GTX 1660", "7.5", "GeForce"),
+    ("RTX 4070 Ti SUPER", "NVIDIA GeForce RTX 4070 Ti SUPER", "8.9", "GeForce"),
+    ("NVIDIA GeForce RTX 3060 Laptop GPU", "NVIDIA GeForce RTX 3060 Laptop GPU", "8.6", "GeForce"),
+    ("RTX 3060 Laptop", "NVIDIA GeForce RTX 3060 Laptop GPU", "8.6", "GeForce"),
+    ("NVIDIA GeForce RTX 2070 with Max-Q Design", "NVIDIA GeForce RTX 2070 with Max-Q Design", "7.5",
+     "GeForce"),
+    ("NVIDIA A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB", "8.0", "Data Center"),
+    ("NVIDIA A800 40GB Active", "NVIDIA A800 40GB Active", "8.0", "Data Center"),
+    ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe", "8.0", "Data Center"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "8.0", "Data Center"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", "9.0", "Data Center"),
+    ("NVIDIA H100 NVL", "NVIDIA H100 NVL", "9.0", "Data Center"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "9.0", "Data Center"),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "12.0", "Workstation"),
 ])
 def test_the_issues_misses_resolve(catalogue: list[dict[str, object]], typed: str, name: str, cc: str,
                                    family: str) -> None:
@@ -178,7 +197,7 @@ def test_no_two_rows_share_a_folded_name(catalogue: list[dict[str, object]]) -> 
 @pytest.mark.parametrize(("typed", "first", "before", "after"), [
     # a variant of a known card: that card, then its own generation, before the next generation's
     ("RTX 3080 Foo", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4080"),
-    ("RTX 3080 Super", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4080"),
+    ("RTX 3080 Super", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4080"),
     ("GeForce RTX 4075", "NVIDIA GeForce RTX 4070", "NVIDIA GeForce RTX 4070 Ti",
      "NVIDIA RTX 4000 Ada Generation"),  # the GeForce 40 series before the Ada workstation card
     ("Quadro P7000", "Quadro P6000", "Quadro P5000", None),
@@ -189,7 +208,8 @@ def test_suggestions_prefer_the_same_model_generation_and_family(
         catalogue: list[dict[str, object]], typed: str, first: str, before: str, after: str | None) -> None:
     names = gpus.suggest(catalogue, typed, limit=len(catalogue))
     assert names[0] == first
-    assert before in names[:3]
+    # top 6: since issue 23 the card's own variants (RTX 3080 Ti, 3080 Laptop GPU, ...) come first
+    assert before in names[:6]
     if after is not None:
         assert names.index(before) < names.index(after)
     with pytest.raises(UsageError) as info:
@@ -240,3 +260,54 @@ def test_validate_rejects_an_unknown_family_and_a_row_without_one(tmp_path: Path
     assert ("gpus.yaml row 1: family must be one of GeForce, Workstation, Data Center, Jetson, "
             "got 'Gaming'") in message
     assert "gpus.yaml row 2: missing 'family'" in message
+
+
+def test_an_unrecorded_arch_list_is_refused_not_guessed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md B3: a variant without an arch list is refused for a GPU (exit 3), never
+    assumed to cover it. The bundled data has no such variant left (issue 23), so the
+    2.6.0 cu126 row loses its list in a copy."""
+    import json
+    import shutil
+
+    import yaml
+
+    from envbuild.commands.cli import main
+
+    target = tmp_path / "matrices"
+    shutil.copytree(BUNDLED, target)
+    path = target / "torch_variants.yaml"
+    document = yaml.safe_load(path.read_text())
+    [row] = [r for r in document["rows"] if (r["torch"], r["variant"]) == ("2.6.0", "cu126")]
+    del row["arch_list"]
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    code = main(["resolve", "--json", "--driver", "550", "--gpu", "H100", "--torch", "2.6",
+                 "--variant", "cu126"], env={"ENVBUILD_NO_CACHE": "1", "ENVBUILD_MATRICES": str(target)})
+    assert code == 3
+    assert "arch list is not recorded" in json.loads(capsys.readouterr().out)["error"]
+
+
+@pytest.mark.parametrize(("typed", "row"), [
+    ("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"),
+    ("H100", "NVIDIA H100 80GB HBM3"),
+    ("A100", "NVIDIA A100-SXM4-40GB"),
+    ("A800", "NVIDIA A800-SXM4-80GB"),
+])
+def test_a_name_of_several_editions_says_which_it_assumed(
+        catalogue: list[dict[str, object]], typed: str, row: str) -> None:
+    """Issue 23: "RTX PRO 6000" is a workstation and a (datacenter) server edition; the
+    lookup takes one only with a note in the label that every output repeats."""
+    target = find_gpu(catalogue, typed)
+    assert target.label == (f"{row} (assumed for {typed!r}; give the name nvidia-smi prints for "
+                            "another edition)")
+    assert find_gpu(catalogue, row).label == row  # the full name: no assumption
+
+
+def test_unknown_siblings_get_suggestions_of_their_generation(
+        catalogue: list[dict[str, object]]) -> None:
+    """Issue 23: "GTX 1660 SUPER" was offered a Pascal card; an unknown GTX 16 name gets Turing."""
+    for typed in ("GTX 1660 Ultra", "GTX 1670"):
+        names = gpus.suggest(catalogue, typed)
+        assert names, typed
+        archs = {next(r["architecture"] for r in catalogue if r["name"] == n) for n in names}
+        assert archs == {"Turing"}, (typed, names)

@@ -45,6 +45,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "devel": {"flavor": "devel"},
     "python-3.10": {"python": parse_requirement("python", "3.10")},
     "ubuntu-22.04": {"ubuntu": "22.04"},
+    # Issue 23: with the cu129 builds and 2.7.0 cu128's arch list recorded, a B200 on 570 fills
+    # its top 10 with native and minor-version stacks; CUDA 13 keeps forward stacks in the grid.
+    "cuda-13": {"cuda": parse_requirement("cuda", "13")},
 }
 
 

@@ -142,8 +142,9 @@ def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path
 
 def test_arch_beyond_the_variants_nvcc_is_reported(data_copy: Path) -> None:
     # cuda_archs.yaml: nvcc 13.x no longer targets Maxwell-Volta, so a cu130 wheel cannot carry sm_70.
-    _replace(data_copy / "torch_variants.yaml", "- sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471",
-             "- sm_70\n  - sm_120+PTX\n  source: https://github.com/pytorch/pytorch/pull/164471")
+    # (2.9.x cu130's arch list, whose sm_120 lost its +PTX on 2026-11-25)
+    _replace(data_copy / "torch_variants.yaml", "- sm_120\n  cudnn: \"9.13.0.50\"\n  source: https://github.com/pytorch/pytorch/pull/164471",
+             "- sm_70\n  - sm_120\n  cudnn: \"9.13.0.50\"\n  source: https://github.com/pytorch/pytorch/pull/164471")
     problems = _problems(data_copy)
     assert any(p.startswith("torch_variants.yaml row ") and "names sm_70, which nvcc 13.0 cannot target"
                in p for p in problems), problems

@@ -133,6 +133,11 @@ def find_gpu(rows: Sequence[Mapping[str, Any]], name: str,
         )
         raise UsageError(f"unknown GPU {name!r}", hint=hint)
     found = rows[position]
+    typed = _fold(name)
+    if any(_fold(alias) == typed for alias in found.get("assumed_for", ())):
+        # "RTX PRO 6000" names two editions (one a datacenter part): say which one was taken
+        return target_from_row(found, label=f"{found['name']} (assumed for {name!r}; give the name "
+                                              "nvidia-smi prints for another edition)")
     return target_from_row(found, label=found["name"])
 
 

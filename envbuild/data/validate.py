@@ -152,6 +152,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "min_driver_branch": (_int, False),
         "last_driver_branch": (_int, False),
         "driver_source": (_source, False),  # where the driver-branch facts come from
+        # aliases that name no one edition or form (H100, RTX PRO 6000): a lookup through one
+        # says which row it assumed
+        "assumed_for": (_list_of(_text), False),
     },
     "gpu_peaks": {
         "name": (_text, True),
@@ -201,6 +204,10 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "torch": (VERSION, True),
         "torchvision": (_nullable(VERSION), True),
         "torchaudio": (_nullable(VERSION), True),
+        # the CPython versions the companion has Linux x86_64 wheels for; absent: any
+        # (a py3-none wheel) or not read
+        "torchvision_python": (_list_of(PYTHON), False),
+        "torchaudio_python": (_list_of(PYTHON), False),
     },
     "cuda_images": {
         "cuda": (VERSION, True),
@@ -304,6 +311,8 @@ def _validate_document(name: str, document: Any, problems: list[str]) -> Iterato
 
 
 def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
+    from envbuild.data.gpus import fold_name as fold
+
     problems: list[str] = []
     minors = {".".join(r["cuda"].split(".")[:2]) for r in relations.get("cuda_toolkits", ())}
     gpu_names = {r["name"] for r in relations.get("gpus", ())}
@@ -342,6 +351,9 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
     check("ci_actions", lambda r: None if r["source"] ==
           f"https://github.com/{r['action']}/tree/{r['version']}" else
           f"source must be https://github.com/{r['action']}/tree/{r['version']}, the tag read")
+    check("gpus", lambda r: None if {fold(a) for a in r.get("assumed_for", ())} <= {
+        fold(a) for a in (r["name"], *r.get("aliases", ()))} else
+        "assumed_for names a name that is not one of the row's aliases")
     # A build recorded for "3.12" is a 3.12.x (a "3.13t" row a 3.13.x).
     check("python_standalone", lambda r: None if r["version"].startswith(
         r["python"].rstrip("t") + ".") else f"version {r['version']} is not a {r['python']} release")

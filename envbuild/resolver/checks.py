@@ -74,8 +74,10 @@ def pythons(family: Family, ask: Request, ix: Index) -> list[str]:
     asked = ask.python
     if asked is not None and asked.text.endswith("t"):
         return [py for py in family.python if py == asked.text]
-    if asked is None:
-        return ix.pythons_newest_first(family.python)
+    if asked is None:  # newest first, those the companions have wheels for before the rest
+        row = ix.companions.get(family.row["torch"])
+        newest = ix.pythons_newest_first(family.python)
+        return sorted(newest, key=lambda py: len(companions_for(py, row)) < _recorded(row))
     return [py for py in ix.pythons_newest_first(family.python) if asked.admits(py)]
 
 
@@ -181,6 +183,10 @@ def _base_on(usable: list[str], family: Family, runtime: Runtime | None, ask: Re
 COMPANIONS = ("torchvision", "torchaudio")
 
 
+def _recorded(row: Mapping[str, Any] | None) -> int:
+    return sum(1 for name in COMPANIONS if row and row.get(name) is not None)
+
+
 def companions_missing(torch: str, row: Mapping[str, Any] | None) -> str | None:
     """"no torchvision/torchaudio for torch X: why", from the torch_companions row's note.
 
@@ -199,11 +205,33 @@ def companions_missing(torch: str, row: Mapping[str, Any] | None) -> str | None:
     return f"no {'/'.join(missing)} for torch {torch}: {'; '.join(reasons)}"
 
 
+def companions_for(python: str, row: Mapping[str, Any] | None) -> dict[str, str]:
+    """The companions (name -> version) that have a wheel for ``python``: a recorded
+    ``<name>_python`` list that lacks it drops the companion (torchvision 0.20 has no cp313)."""
+    found: dict[str, str] = {}
+    for name in COMPANIONS:
+        version = (row or {}).get(name)
+        built_for = (row or {}).get(f"{name}_python")
+        if version is not None and (built_for is None or python.rstrip("t") in built_for):
+            found[name] = version
+    return found
+
+
+def companions_unbuilt(python: str, row: Mapping[str, Any] | None) -> str | None:
+    """"no wheel for Python 3.13: torchvision 0.20.1 has wheels for Python 3.9, ..." or None."""
+    if not row:
+        return None
+    held = companions_for(python, row)
+    lacking = [f"{name} {row[name]} has wheels for Python {', '.join(row[f'{name}_python'])}"
+               for name in COMPANIONS if row.get(name) is not None and name not in held]
+    return f"no companion wheel for Python {python}: {'; '.join(lacking)}" if lacking else None
+
+
 def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, str | None, str],
                 ask: Request, ix: Index) -> Stack:
     row = family.row
     ubuntu, image, base_cuda, python = base
-    companions = ix.companions.get(row["torch"], {})
+    companions = companions_for(python, ix.companions.get(row["torch"]))
     notes = []
     if runtime and runtime.compat == "minor-version":
         notes.append(f"runs CUDA {row['cuda']} through minor-version compatibility: "
@@ -214,14 +242,21 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
         if compat_cuda is not None and compat_cuda != row["cuda"]:
             notes.append(f"the image's cuda-compat is CUDA {compat_cuda}'s: CUDA "
                          f"{row['cuda']} runs on it through minor-version compatibility")
+    nvcc = ".".join(base_cuda.split(".")[:2]) if base_cuda else None
+    if ask.flavor == "devel" and runtime and runtime.compat != "forward" and nvcc != row["cuda"]:
+        notes.append(f"devel image's nvcc is CUDA {nvcc}, the wheel's CUDA {row['cuda']}: no "
+                     f"CUDA {row['cuda']} image runs natively on this driver (its CUDA "
+                     "requirement would stop the container); torch.utils.cpp_extension only "
+                     "warns on a minor mismatch, and extensions must carry SASS for the GPU")
     if runtime and base_cuda is None:
         notes.append("plain Ubuntu base: no nvidia/cuda base image is recorded for this CUDA "
                      "release; the wheels carry the CUDA libraries")
     if not row.get("arch_list") and row["cuda"]:
         notes.append("arch list not recorded: GPU support of this wheel is unverified")
-    missing = companions_missing(row["torch"], ix.companions.get(row["torch"]))
-    if missing:
-        notes.append(missing)
+    for missing in (companions_missing(row["torch"], ix.companions.get(row["torch"])),
+                    companions_unbuilt(python, ix.companions.get(row["torch"]))):
+        if missing:
+            notes.append(missing)
     return Stack(
         torch=row["torch"],
         torchvision=companions.get("torchvision"),

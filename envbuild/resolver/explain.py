@@ -24,7 +24,8 @@ RELAXABLE: tuple[tuple[str, str], ...] = (
 def explain_failure(request: Request, matrix: Matrix | Index, resolution: Resolution) -> NoCompatibleStack:
     conflicts = _conflict_lines(resolution)
     fixes = list(_verified_fixes(request, matrix))
-    first = conflicts[0] if conflicts else "no stack in the data fits"
+    first = _headline(request, resolution) or (conflicts[0] if conflicts else
+                                               "no stack in the data fits")
     return NoCompatibleStack(
         f"no compatible stack: {first}",
         conflicts=conflicts,
@@ -40,7 +41,10 @@ def _conflict_lines(resolution: Resolution) -> list[str]:
              "ubuntu"]
     # The most informative reasons are the ones that failed latest in the check order:
     # they passed every user filter and still did not fit.
-    ranked = sorted(resolution.rejected, key=lambda r: -order.index(r.constraint)
+    # Families the user's own --torch/--variant (or the CPU default) ruled out explain nothing
+    # once some family got past them: "torch 1.13.0+cpu does not match --torch 2.15" is noise.
+    passed = [r for r in resolution.rejected if r.constraint not in ("torch", "variant")]
+    ranked = sorted(passed or resolution.rejected, key=lambda r: -order.index(r.constraint)
                     if r.constraint in order else 0)
     lines: list[str] = []
     for rejection in ranked:
@@ -50,8 +54,26 @@ def _conflict_lines(resolution: Resolution) -> list[str]:
     return lines[:8]
 
 
+def _headline(request: Request, resolution: Resolution) -> str | None:
+    """One line for a --cuda that no wheel is built for (every family the earlier filters,
+    --torch and --variant or the CPU wheel, let through is refused by it), not one arbitrary
+    family's mismatch."""
+    constraints = {r.constraint for r in resolution.rejected}
+    if request.cuda is None or resolution.global_conflicts or "cuda" not in constraints or (
+            constraints - {"cuda", "torch", "variant"}):
+        return None
+    return f"no torch wheel is built for --cuda {request.cuda}" + (
+        " (nvidia-smi's 'CUDA Version' is the newest CUDA the driver runs, not a wheel's CUDA: "
+        "give --driver instead)" if request.driver is None else "")
+
+
 def _verified_fixes(request: Request, matrix: Matrix | Index) -> Iterator[str]:
-    """Drop one constraint at a time; offer a concrete change only if it re-solves."""
+    """Drop one constraint at a time; offer a concrete change only if it re-solves. Without
+    a driver, a --cuda is first read as nvidia-smi's 'CUDA Version' (the driver's ceiling)."""
+    if request.driver is None and request.cuda is not None:
+        fix = _cuda_as_driver_fix(request, matrix)
+        if fix:
+            yield fix
     for name, flag in RELAXABLE:
         if getattr(request, name) is None:
             continue
@@ -70,7 +92,28 @@ def _concrete_fix(name: str, flag: str, stacks: Iterable[Stack], request: Reques
     best = next(iter(stacks))
     value = {"torch": best.torch, "python": best.python, "cuda": best.cuda, "cudnn": best.cudnn,
              "ubuntu": best.ubuntu, "variant": best.variant}[name]
-    return f"use {flag} {value} instead of {getattr(request, name)} ({describe(best)})"
+    needs = (f"; it needs driver >= {best.min_driver}: give --driver for what yours runs"
+             if request.driver is None and best.min_driver else "")
+    return f"use {flag} {value} instead of {getattr(request, name)} ({describe(best)}{needs})"
+
+
+def _cuda_as_driver_fix(request: Request, matrix: Matrix | Index) -> str | None:
+    """--cuda X without --driver: the stacks a driver that runs X natively gets (the oldest
+    such driver: the toolkit driver of X's newest release), re-solved without --cuda."""
+    from envbuild.resolver.index import Index, index_of
+
+    ix = matrix if isinstance(matrix, Index) else index_of(matrix)
+    cuda = request.cuda
+    matching = [t for t in ix.toolkits if cuda is not None and cuda.admits(t.cuda)]
+    if not matching:
+        return None
+    newest = matching[0]  # ix.toolkits is newest first
+    stacks = resolve(request.replace(cuda=None, driver=newest.driver), matrix).stacks
+    if not stacks:
+        return None
+    return (f"give your driver instead of --cuda {cuda} (--driver as nvidia-smi prints it): a "
+            f"driver that runs CUDA {newest.cuda} (>= {newest.driver.text}) gets "
+            f"{describe(stacks[0])}")
 
 
 def _driver_fix(request: Request, matrix: Matrix | Index) -> str | None:

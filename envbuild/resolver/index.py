@@ -32,14 +32,15 @@ KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "cuda_compat": ("min_driver",),
     "gpus": ("name", "aliases", "compute_capability", "architecture", "family", "datacenter",
-             "min_driver_branch", "last_driver_branch", "driver_source", "source"),
+             "min_driver_branch", "last_driver_branch", "driver_source", "source", "assumed_for"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
-    "torch_companions": ("torch", "torchvision", "torchaudio", "note"),
+    "torch_companions": ("torch", "torchvision", "torchaudio", "torchvision_python",
+                         "torchaudio_python", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 8  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
-# 8: the recorded standalone CPython builds
+INDEX_FORMAT = 9  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
+# 8: the recorded standalone CPython builds; 9: the companions' CPython versions, driver branches
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -104,6 +105,9 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         # GPU unpacks them, so its size costs the other forms nothing.
         # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
         "gpus": marshal.dumps((gpu_keys(gpus), [marshal.dumps(row) for row in gpus])),
+        # branch -> (designation, end of life "YYYY-MM" or None, source): the driver's lifecycle
+        "branches": {r["branch"]: (r["designation"], r.get("end_of_life"), r["source"])
+                     for r in matrix.rows("driver_branches")},
     }
 
 
@@ -189,6 +193,7 @@ class Index:
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
         self.standalone: dict[str, str] = data["standalone"]
+        self.branches: dict[int, tuple[str, str | None, str]] = data["branches"]
         self._gpus_packed: bytes = data["gpus"]
         self._gpus: tuple[dict[str, int], PackedRows] | None = None
         self._native: dict[tuple[int, ...], set[Toolkit]] = {}

@@ -167,7 +167,7 @@ class DriverSummary(Value):
     """What the host driver runs."""
 
     __slots__ = ("version", "max_cuda", "max_cuda_release", "minor_compat", "needs_newer",  # noqa: RUF023
-                 "partial", "older")
+                 "partial", "older", "lifecycle")
     version: str  # as written: 535.104.05, never 535.104.5
     max_cuda: str | None
     max_cuda_release: str | None
@@ -177,13 +177,17 @@ class DriverSummary(Value):
     # A partial version's builds below the first driver the newest-build reading needs:
     # (that driver, max_cuda, max_cuda_release, minor_compat); None: every build runs the same.
     older: tuple[str, str | None, str | None, str | None] | None
+    # The branch in driver_branches.yaml: (designation, end of life "YYYY-MM" or None, source)
+    lifecycle: tuple[str, str | None, str] | None
 
     def __init__(self, *, version: str, max_cuda: str | None, max_cuda_release: str | None,
                  minor_compat: str | None, needs_newer: tuple[tuple[str, str], ...] = (),
                  partial: bool = False,
-                 older: tuple[str, str | None, str | None, str | None] | None = None) -> None:
+                 older: tuple[str, str | None, str | None, str | None] | None = None,
+                 lifecycle: tuple[str, str | None, str] | None = None) -> None:
         self._set(version=version, max_cuda=max_cuda, max_cuda_release=max_cuda_release,
-                  minor_compat=minor_compat, needs_newer=needs_newer, partial=partial, older=older)
+                  minor_compat=minor_compat, needs_newer=needs_newer, partial=partial, older=older,
+                  lifecycle=lifecycle)
 
     def to_json(self) -> dict[str, Any]:
         older = self.older
@@ -192,7 +196,10 @@ class DriverSummary(Value):
                 "partial": self.partial,
                 "older_builds": None if older is None else {
                     "below": older[0], "max_cuda": older[1], "max_cuda_release": older[2],
-                    "minor_compat": older[3]}}
+                    "minor_compat": older[3]},
+                "branch": None if self.lifecycle is None else {
+                    "designation": self.lifecycle[0], "end_of_life": self.lifecycle[1],
+                    "source": self.lifecycle[2]}}
 
 
 class Resolution(Value):

@@ -83,9 +83,30 @@ def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
                    "need a newer driver fail).")
         for family, driver in _needs_newer(summary.needs_newer, summary.minor_compat):
             yield f"  CUDA {family} needs driver >= {driver}."
+        ended = end_of_life_line(summary.version, summary.lifecycle)
+        if ended:
+            yield ended
     for gpu in request.gpus:
         kind = {True: "datacenter", False: "consumer/workstation", None: "kind unknown"}
         yield f"GPU: {gpu.label} ({gpu.sm}, {kind[gpu.datacenter]})"
+
+
+def end_of_life_line(version: str, lifecycle: tuple[str, str | None, str] | None,
+                     today: str | None = None) -> str | None:
+    """"  Branch 535 reached its end of life in 2026-06 ..." once the month has passed
+    (``today``: "YYYY-MM", the current month when None)."""
+    if lifecycle is None or lifecycle[1] is None:
+        return None
+    if today is None:
+        import time
+
+        today = time.strftime("%Y-%m", time.gmtime())
+    if lifecycle[1] >= today:
+        return None
+    branch = version.split(".")[0]
+    return (f"  Branch {branch} ({lifecycle[0]}) reached its end of life in {lifecycle[1]} "
+            f"(NVIDIA's driver lifecycle, {lifecycle[2]}): it gets no more fixes or security "
+            "updates; move the host to a supported production or LTS branch.")
 
 
 def _natively(max_cuda: str | None, release: str | None) -> str:

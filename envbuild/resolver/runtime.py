@@ -63,6 +63,7 @@ def summarize_driver(driver: DriverVersion, ix: Index) -> DriverSummary:
         needs_newer=tuple(needs.items()),
         partial=driver.partial,
         older=older,
+        lifecycle=ix.branches.get(driver.branch),
     )
 
 

@@ -38,7 +38,7 @@ readonly SMOKE_IMAGE_PINNED=''
 readonly INDEX_URL=https://download.pytorch.org/whl/cpu
 readonly PYTHON_URL=https://mirror.example/cpython-install_only.tar.gz
 readonly PYTHON_SHA256=0000000000000000000000000000000000000000000000000000000000000000
-readonly -a TORCH_PINS=(torch==2.14.1+cpu torchvision==0.29.2+cpu)
+readonly -a TORCH_PINS=(torch==2.14.1+cpu torchvision==0.29.1+cpu)
 readonly -a APT_EXTRA=(git)
 readonly -a PIP_EXTRA=(numpy==1.26.4 pillow)
 readonly -a ENV_PAIRS=()

@@ -36,7 +36,7 @@ readonly CTK_KEY_URL=https://nvidia.github.io/libnvidia-container/gpgkey
 readonly CTK_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 readonly SMOKE_IMAGE_PINNED=ubuntu:24.04@sha256:69cecf4bbf72d2d44a9eef1b71fb98c7fb973d78af11399deccef19beb008ad9
 readonly INDEX_URL=https://download.pytorch.org/whl/cu132
-readonly -a TORCH_PINS=(torch==2.15.0+cu132)
+readonly -a TORCH_PINS=(torch==2.15.0+cu132 torchvision==0.29.2+cu132)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
 readonly -a ENV_PAIRS=()
