@@ -49,6 +49,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("envbuild.commands.build", "tag a verified image digest in its registry"),
     "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
+    "diagnose": ("envbuild.commands.diagnose", "run (or watch) a training job and say why its GPU idles"),
 }
 
 
