@@ -67,7 +67,8 @@ class ProbeUse:
     batches: int
     steps: int
     loop_s: float
-    data_wait_frac: float
+    data_wait_frac: float  # the steady state: every batch but each iterator's first
+    epoch_start_frac: float  # each iterator's first batch (worker start-up, unless persistent)
     step_period_ms: float | None
     h2d_per_step: float
     h2d_mb_per_step: float
@@ -190,7 +191,7 @@ def cpu_use(snapshots: Sequence[CpuSnapshot], hz: int) -> CpuUse | None:
             busiest, busiest_name = du + ds, f"{t.comm} (pid {t.pid}, tid {t.tid})"
     blkio = sum(v - first.blkio.get(p, 0) for p, v in last.blkio.items()) * scale
     in_d = 100.0 * sum(any(t.state == "D" for t in s.threads) for s in snapshots) / len(snapshots)
-    io0, busy0, total0 = first.machine
+    io0, _, total0 = first.machine
     io1, _, total1 = last.machine
     iowait = 100.0 * (io1 - io0) / (total1 - total0) if total1 > total0 else 0.0
     return CpuUse(process_pct=(user + system) * scale, user_pct=user * scale, system_pct=system * scale,
@@ -219,6 +220,7 @@ def probe_use(records: Sequence[dict[str, Any]]) -> ProbeUse | None:
         cuda_initialized=any(r.get("cuda_initialized") for r in records if r["kind"] == "bye"),
         batches=int(total("batches")), steps=int(steps), loop_s=loop_s,
         data_wait_frac=_frac(total("data_wait_s"), loop_s),
+        epoch_start_frac=_frac(total("first_wait_s"), loop_s),
         step_period_ms=1000 * total("period_s") / periods if periods else None,
         h2d_per_step=total("h2d") / per_step, h2d_mb_per_step=total("h2d_bytes") / per_step / 1e6,
         h2d_frac=_frac(total("h2d_s"), loop_s), syncs_per_step=total("syncs") / per_step,

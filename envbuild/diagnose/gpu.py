@@ -146,7 +146,8 @@ class Nvml:
         name = _try(n.nvmlDeviceGetName, h)
         return GpuSample(
             t=t, index=index, name=name.decode() if isinstance(name, bytes) else str(name or ""),
-            util_pct=_scaled(getattr(util, "gpu", None), 1), mem_util_pct=_scaled(getattr(util, "memory", None), 1),
+            util_pct=_scaled(getattr(util, "gpu", None), 1),
+            mem_util_pct=_scaled(getattr(util, "memory", None), 1),
             mem_used_mib=_scaled(getattr(memory, "used", None), 1 / 2**20),
             mem_total_mib=_scaled(getattr(memory, "total", None), 1 / 2**20),
             power_w=_scaled(power, 1e-3), power_limit_w=_scaled(limit, 1e-3),
@@ -166,9 +167,10 @@ class Nvml:
         """(name, memory MiB) of each GPU-instance profile this GPU offers (MIG only)."""
         n, h = self.nvml, self.handles[index]
         found = []
-        for profile in range(getattr(n, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+        count = int(getattr(n, "NVML_GPU_INSTANCE_PROFILE_COUNT", None) or 0)
+        for profile in range(count):
             info = _try(n.nvmlDeviceGetGpuInstanceProfileInfo, h, profile)
-            if info is not None and getattr(info, "memorySizeMB", 0):
+            if info is not None and getattr(info, "memorySizeMB", None):
                 slices = getattr(info, "sliceCount", 0)
                 gib = round(info.memorySizeMB / 1024)
                 found.append((f"{slices}g.{gib}gb", float(info.memorySizeMB)))

@@ -26,13 +26,15 @@ reads and a few additions.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 ENV_OUT = "ENVBUILD_DIAGNOSE_OUT"
 # Steps of the profiler window, and the optimizer steps before it starts (the first steps
@@ -57,15 +59,15 @@ class Recorder:
         self.window_t0 = time.time()
         self.last_event = self.window_t0
         self.fresh = True  # no event in this window yet: it starts at its first event
-        self.step_started: Optional[float] = None
-        self.last_step_end: Optional[float] = None
+        self.step_started: float | None = None
+        self.last_step_end: float | None = None
         self.steps_total = 0
-        self.param_device: Optional[str] = None
+        self.param_device: str | None = None
         self.reset()
 
     def reset(self) -> None:
-        self.sums: Dict[str, float] = dict.fromkeys(
-            ("batches", "data_wait_s", "data_wait_max_s", "steps", "step_s", "periods",
+        self.sums: dict[str, float] = dict.fromkeys(
+            ("batches", "data_wait_s", "data_wait_max_s", "first_wait_s", "steps", "step_s", "periods",
              "period_s", "h2d", "h2d_bytes", "h2d_s", "syncs", "sync_s", "to_cuda"), 0.0)
 
     def event(self, ago: float = 0.0) -> None:
@@ -76,10 +78,16 @@ class Recorder:
             self.window_t0, self.fresh = now - ago, False
         self.last_event = now
 
-    def data_wait(self, seconds: float) -> None:
+    def data_wait(self, seconds: float, first: bool = False) -> None:
+        """One batch waited for; ``first`` of its iterator (an epoch's start: workers
+        starting, unless persistent), summed apart from the steady state."""
         self.event(seconds)
         sums = self.sums
         sums["batches"] += 1
+        if first:
+            sums["first_wait_s"] += seconds
+            self.maybe_flush()
+            return
         sums["data_wait_s"] += seconds
         if seconds > sums["data_wait_max_s"]:
             sums["data_wait_max_s"] = seconds
@@ -125,7 +133,7 @@ class Recorder:
         self.last_flush = self.clock()
         self.reset()
 
-    def write(self, record: Dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
         try:  # one write of an O_APPEND file: lines of several processes never interleave
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -137,7 +145,7 @@ class Recorder:
             pass  # the diagnosis loses a line; the job must never fail for it
 
 
-def param_device(optimizer: Any) -> Optional[str]:
+def param_device(optimizer: Any) -> str | None:
     """The device type of the optimizer's first parameter ("cuda", "cpu"), or None."""
     try:
         for group in optimizer.param_groups:
@@ -155,7 +163,10 @@ def wrap_next(original: Callable[[Any], Any], recorder: Recorder) -> Callable[[A
     def __next__(self: Any) -> Any:
         started = clock()
         batch = original(self)  # StopIteration passes through, uncounted
-        recorder.data_wait(clock() - started)
+        first = "_envbuild_seen" not in self.__dict__
+        if first:
+            self._envbuild_seen = True
+        recorder.data_wait(clock() - started, first)
         return batch
 
     return __next__
@@ -193,7 +204,7 @@ def wrap_sync(original: Callable[..., Any], recorder: Recorder) -> Callable[...,
     return sync
 
 
-def count_launches(events: List[Any]) -> int:
+def count_launches(events: list[Any]) -> int:
     """Kernel launches among profiler events (objects with a ``name``)."""
     return sum(1 for event in events if getattr(event, "name", "") in LAUNCH_EVENTS)
 
@@ -258,7 +269,7 @@ def install(torch: Any, path: str, mode: str = "auto") -> Recorder:
     recorder.write({"kind": "hello", "schema": SCHEMA, "pid": recorder.pid, "ppid": os.getppid(),
                     "t": time.time(), "torch": str(torch.__version__),
                     "torch_cuda": torch.version.cuda, "argv0": (sys.argv or [""])[0][-200:]})
-    base = dataloader._BaseDataLoaderIter
+    base: Any = dataloader._BaseDataLoaderIter
     base.__next__ = wrap_next(base.__next__, recorder)
     window = ProfileWindow(torch, recorder)
     profile = mode == "always" or (mode == "auto" and cuda_build)
@@ -329,7 +340,7 @@ def boot(environ: Any = os.environ) -> None:
             install(torch, path, mode)
         except Exception as exc:  # an unknown torch: the job runs on, undiagnosed in-process
             Recorder(path).write({"kind": "error", "pid": os.getpid(), "what": "install",
-                                  "error": "%s: %s" % (type(exc).__name__, exc)})
+                                  "error": f"{type(exc).__name__}: {exc}"})
 
     if "torch" in sys.modules:
         on_torch(sys.modules["torch"])
@@ -345,10 +356,8 @@ def chain_next_sitecustomize() -> None:
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)
-    try:
+    with contextlib.suppress(Exception):  # as site.py: a broken one never stops the interpreter
         spec.loader.exec_module(module)
-    except Exception:
-        pass  # as site.py does: a broken sitecustomize never stops the interpreter
 
 
 if __name__ == "sitecustomize":

@@ -51,7 +51,8 @@ def timeline(rec: Recording, ev: Evidence) -> dict[str, list[list[float]]]:
             a, b = float(w["t0"]), float(w["t1"])
             span, periods = b - a, float(w.get("periods") or 0)
             if span > 0:
-                wait.append([round((a + b) / 2 - t0, 2), round(100 * float(w["data_wait_s"]) / span, 1)])
+                waited = float(w["data_wait_s"]) + float(w.get("first_wait_s") or 0)
+                wait.append([round((a + b) / 2 - t0, 2), round(100 * waited / span, 1)])
             if periods:
                 step.append([round((a + b) / 2 - t0, 2), round(1000 * float(w["period_s"]) / periods, 2)])
         except (KeyError, TypeError, ValueError):
@@ -94,8 +95,8 @@ LABELS = {"gpu_util_pct": "GPU utilisation %", "data_wait_pct": "data wait % of 
 def _polyline(points: list[list[float]], t_max: float, y_max: float, colour: str) -> str:
     if not points:
         return ""
-    xy = " ".join(f"{PAD + (W - 2 * PAD) * t / t_max:.1f},{H - PAD - (H - 2 * PAD) * min(v, y_max) / y_max:.1f}"
-                  for t, v in points)
+    xy = " ".join(f"{PAD + (W - 2 * PAD) * t / t_max:.1f},"
+                  f"{H - PAD - (H - 2 * PAD) * min(v, y_max) / y_max:.1f}" for t, v in points)
     return f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{xy}"/>'
 
 

@@ -75,8 +75,9 @@ def not_on_gpu(ev: Evidence) -> Finding | None:
 
 def input_bound(ev: Evidence) -> Finding | None:
     p, c = ev.probe, ev.cpu
-    if p is None or p.data_wait_frac < INPUT_WAIT_FRAC:
+    if p is None or max(p.data_wait_frac, p.epoch_start_frac) < INPUT_WAIT_FRAC:
         return None
+    wait = p.data_wait_frac + p.epoch_start_frac
     fixes = ["DataLoader(num_workers=N) with N up to the free cores, persistent_workers=True, "
              "prefetch_factor=2-4", "pin_memory=True, and .to('cuda', non_blocking=True)",
              "ship uint8 (or fp16) batches and normalise on the GPU",
@@ -86,13 +87,16 @@ def input_bound(ev: Evidence) -> Finding | None:
     if disk:
         fixes.insert(0, "the reader is in the kernel or blocked on the disk: read in large chunks "
                         "(sharded files, WebDataset/tar), cache the data on local NVMe or in RAM")
-    evidence = {"data_wait_pct": r(100 * p.data_wait_frac), "batches": p.batches,
+    if p.epoch_start_frac >= INPUT_WAIT_FRAC:
+        fixes.insert(0, "each epoch waits for its workers to start: persistent_workers=True")
+    evidence = {"data_wait_pct": r(100 * p.data_wait_frac),
+                "epoch_start_wait_pct": r(100 * p.epoch_start_frac), "batches": p.batches,
                 "step_period_ms": r(p.step_period_ms), "disk_bound": disk}
     if c is not None:
         evidence |= {"cpu_system_pct": r(c.system_pct), "cpu_user_pct": r(c.user_pct),
                      "blocked_io_pct": r(c.blocked_io_pct), "machine_iowait_pct": r(c.machine_iowait_pct)}
-    return Finding(kind="input-bound", summary=f"the loop waits for data {100 * p.data_wait_frac:.0f}% "
-                   "of its time", evidence=evidence, fixes=tuple(fixes), weight=p.data_wait_frac)
+    return Finding(kind="input-bound", summary=f"the loop waits for data {100 * wait:.0f}% of its time",
+                   evidence=evidence, fixes=tuple(fixes), weight=wait)
 
 
 def transfer_bound(ev: Evidence) -> Finding | None:
