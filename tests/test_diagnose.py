@@ -272,9 +272,9 @@ torch_here = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import to
                                 reason="needs torch (CPU build)")
 
 
-def run_job(mode: str, seconds: float = 3.0) -> dict[str, Any]:
+def run_job(mode: str, seconds: float = 3.0, **env: str) -> dict[str, Any]:
     outcome = session.run_command([sys.executable, str(JOB), mode, str(seconds)], seconds=120,
-                                  env=dict(os.environ), gpus=session.Gpus(read=None, source=None),
+                                  env={**os.environ, **env}, gpus=session.Gpus(read=None, source=None),
                                   interval=0.2)
     assert outcome.exit_code == 0
     return report.diagnose(outcome.recording, command=[mode], exit_code=outcome.exit_code)
@@ -307,9 +307,11 @@ def test_disk_bound_reader_shows_kernel_mode_or_blocked_time() -> None:
 
 @torch_here
 def test_job_that_never_moves_to_cuda_is_not_on_gpu() -> None:
-    found = run_job("cpu-only", 2.0)
+    # the profiler window forced on (a CPU build skips it): it runs, and finds no kernel launch
+    found = run_job("cpu-only", 2.0, **{probe.ENV_PROFILE: "always"})
     assert found["verdict"] == "not-on-gpu" and kinds(found) == ["not-on-gpu"]
-    assert found["probe"]["steps"] > 0 and found["probe"]["torch_cuda"] is None
+    assert found["probe"]["steps"] > probe.PROFILE_WARMUP_STEPS + probe.PROFILE_STEPS
+    assert found["probe"]["torch_cuda"] is None and found["probe"]["launches_per_step"] == 0.0
 
 
 # --- the command's faults (docs/faults.md section X) -------------------------------------------
@@ -353,3 +355,16 @@ def test_ctrl_c_kills_the_jobs_process_group(tmp_path: Path) -> None:
     assert envbuild.returncode == 130 and "interrupted" in err
     time.sleep(0.2)
     assert not alive(shell) and not alive(child)
+
+
+def test_torn_or_foreign_probe_lines_are_skipped() -> None:
+    lines = ['{"kind": "hello", "pid": 1}', '{"kind": "window", "pid": 1, "t0": 1', "[1, 2]",
+             '{"no": "kind"}', "\x00garbage", '{"kind": "bye", "pid": 1}']
+    assert [r["kind"] for r in read_probe_lines(lines)] == ["hello", "bye"]
+
+
+def test_command_and_pid_together_or_neither_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["diagnose"], {"PATH": ""}) == 2
+    assert cli.main(["diagnose", "--pid", str(os.getpid()), "--", "true"], {"PATH": ""}) == 2
+    assert cli.main(["diagnose", "--seconds", "0", "--", "true"], {"PATH": ""}) == 2
+    assert capsys.readouterr().err.count("envbuild: error[usage]: ") == 3
