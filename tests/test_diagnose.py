@@ -339,6 +339,15 @@ def test_job_exit_code_is_passed_through_with_the_report(tmp_path: Path,
     assert "no GPU seen" in capsys.readouterr().out
 
 
+def test_json_output_is_the_report_alone(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "envbuild", "diagnose", "--json", "--", sys.executable, "-c",
+                           "print('the job talks')"], capture_output=True, text=True, timeout=120,
+                          env={"PATH": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "not-on-gpu"
+    assert "the job talks" in done.stderr
+
+
 def test_ctrl_c_kills_the_jobs_process_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     # a background child of a non-interactive shell ignores SIGINT: only the group kill ends it

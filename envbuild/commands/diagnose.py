@@ -55,14 +55,15 @@ def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> 
         if args.pid is not None:
             outcome = session.watch_pid(args.pid, seconds=args.seconds, gpus=gpus)
         else:
-            outcome = session.run_command(job, seconds=args.seconds, env=env, gpus=gpus)
+            # with --json, standard output carries the report alone: the job's goes to stderr
+            outcome = session.run_command(job, seconds=args.seconds, env=env, gpus=gpus,
+                                          stdout=sys.stderr.fileno() if args.json else None)
     finally:
         gpus.close()
     found = reports.diagnose(outcome.recording, command=job or None, pid=args.pid,
                              exit_code=outcome.exit_code, stopped=outcome.stopped)
     _write(args.report, json.dumps(found, indent=2) + "\n")
     _write(args.html, reports.page(found))
-    sys.stdout.flush()
     out(json.dumps(found, indent=2) if args.json else reports.text(found))
     return outcome.exit_code or 0
 

@@ -107,9 +107,10 @@ def job_environment(env: Mapping[str, str], directory: Path) -> dict[str, str]:
             probe.ENV_OUT: str(directory / PROBE_FILE)}
 
 
-def start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+def start(argv: Sequence[str], env: Mapping[str, str], stdout: int | None = None) -> subprocess.Popen[bytes]:
+    """The job in a session of its own; ``stdout`` a descriptor to send its output to."""
     try:
-        return subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+        return subprocess.Popen(list(argv), env=dict(env), start_new_session=True, stdout=stdout)
     except FileNotFoundError:
         raise UsageError(f"command not found: {argv[0]}",
                          hint="give the program's path, or put it on PATH") from None
@@ -166,11 +167,12 @@ class Sampler:
 
 
 def run_command(argv: Sequence[str], *, seconds: float, env: Mapping[str, str], gpus: Gpus,
-                interval: float = INTERVAL_S) -> Outcome:
-    """Run ``argv`` with the probe until it exits or ``seconds`` pass; its samples."""
+                interval: float = INTERVAL_S, stdout: int | None = None) -> Outcome:
+    """Run ``argv`` with the probe until it exits or ``seconds`` pass; its samples.
+    ``stdout``: where the job's output goes (a descriptor; default: envbuild's own)."""
     directory = probe_dir()
     try:
-        job = start(argv, job_environment(env, directory))
+        job = start(argv, job_environment(env, directory), stdout)
         sampler, began = Sampler(gpus, interval), time.time()
         try:
             stopped = _watch(job, sampler, began + seconds)
