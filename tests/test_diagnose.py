@@ -376,3 +376,18 @@ def test_command_and_pid_together_or_neither_exit_2(capsys: pytest.CaptureFixtur
     assert cli.main(["diagnose", "--pid", str(os.getpid()), "--", "true"], {"PATH": ""}) == 2
     assert cli.main(["diagnose", "--seconds", "0", "--", "true"], {"PATH": ""}) == 2
     assert capsys.readouterr().err.count("envbuild: error[usage]: ") == 3
+
+
+def test_pid_is_sampled_and_left_alone() -> None:
+    job = subprocess.Popen(["sleep", "30"])
+    try:
+        outcome = session.watch_pid(job.pid, seconds=1.0, gpus=session.Gpus(read=None, source=None),
+                                    interval=0.2)
+        assert job.poll() is None  # still running: --pid never touches the process
+    finally:
+        job.kill()
+        job.wait()
+    assert outcome.exit_code is None and len(outcome.recording.cpu) >= 3
+    assert {t.comm for s in outcome.recording.cpu for t in s.threads} == {"sleep"}
+    found = report.diagnose(outcome.recording, pid=job.pid)
+    assert found["probe"] is None and found["cpu"]["process_pct"] < 50

@@ -81,7 +81,10 @@ def _sources(report: dict[str, Any]) -> str:
     probe = report["probe"]
     inside = (f"probe: {probe['batches']} batches, {probe['steps']} steps" if probe
               else "probe: none (not a Python job, --pid, or torch never imported)")
-    return f"sampled {report['seconds']} s; {seen}; {inside}"
+    cpu = report["cpu"]
+    used = (f"; job CPU {cpu['process_pct']:.0f}% of a core (user {cpu['user_pct']:.0f}, kernel "
+            f"{cpu['system_pct']:.0f}), busiest thread {cpu['busiest_thread_pct']:.0f}%" if cpu else "")
+    return f"sampled {report['seconds']} s; {seen}; {inside}{used}"
 
 
 # --- HTML -------------------------------------------------------------------------------
