@@ -391,3 +391,13 @@ def test_pid_is_sampled_and_left_alone() -> None:
     assert {t.comm for s in outcome.recording.cpu for t in s.threads} == {"sleep"}
     found = report.diagnose(outcome.recording, pid=job.pid)
     assert found["probe"] is None and found["cpu"]["process_pct"] < 50
+
+
+def test_a_container_hiding_the_gpu_processes_is_not_called_off_the_gpu() -> None:
+    busy = tuple(gpu.GpuSample(t=1000.0 + i, index=0, name="NVIDIA A10", util_pct=30.0, mem_used_mib=6000.0,
+                               mem_total_mib=23028.0) for i in range(4))  # no process listed
+    found = diagnose(busy, windows(8), cpu(97.0))
+    assert "not-on-gpu" not in kinds(found) and found["verdict"] == "overhead-bound"
+    assert found["headroom"]["by_memory"] == 3 and "not listed" in found["headroom"]["memory_basis"]
+    # with --pid (no probe) the same: a busy GPU whose processes are hidden is not called unused
+    assert kinds(diagnose(busy, (), cpu(97.0))) == ["overhead-bound"]

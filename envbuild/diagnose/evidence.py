@@ -51,6 +51,7 @@ class GpuUse:
     mem_total_mib: float | None
     job_mem_mib: float | None
     job_on_gpu: bool
+    processes_listed: bool  # any compute process listed at all (a container's PID namespace hides them)
     power_mean_w: float | None
     power_limit_w: float | None
     clock_ratio: float | None  # mean SM clock / max SM clock
@@ -149,10 +150,11 @@ def gpu_use(rec: Recording) -> GpuUse | None:
         return on, statistics.fmean([s.util_pct or 0.0 for s in samples])
 
     samples = max(by_index.values(), key=rank)
-    return _gpu_of(samples, on_gpu=rank(samples)[0], job_mem=job_mem(samples))
+    listed = any(s.processes for s in rec.gpu)
+    return _gpu_of(samples, on_gpu=rank(samples)[0], job_mem=job_mem(samples), listed=listed)
 
 
-def _gpu_of(samples: list[GpuSample], *, on_gpu: bool, job_mem: float) -> GpuUse:
+def _gpu_of(samples: list[GpuSample], *, on_gpu: bool, job_mem: float, listed: bool) -> GpuUse:
     util = [s.util_pct for s in samples if s.util_pct is not None]
     ratios = [s.sm_clock_mhz / s.sm_clock_max_mhz for s in samples
               if s.sm_clock_mhz is not None and s.sm_clock_max_mhz]
@@ -163,6 +165,7 @@ def _gpu_of(samples: list[GpuSample], *, on_gpu: bool, job_mem: float) -> GpuUse
         name=last.name, index=last.index, util_mean=_mean(util) or 0.0, util_p90=_p90(util),
         mem_total_mib=last.mem_total_mib,
         job_mem_mib=job_mem if on_gpu else (max(used) if used else None), job_on_gpu=on_gpu,
+        processes_listed=listed,
         power_mean_w=_mean([s.power_w for s in samples if s.power_w is not None]),
         power_limit_w=last.power_limit_w, clock_ratio=_mean(ratios), throttle=tuple(throttle),
         pcie_rx_mbs=_mean([s.pcie_rx_mbs for s in samples if s.pcie_rx_mbs is not None]),

@@ -58,7 +58,10 @@ def not_on_gpu(ev: Evidence) -> Finding | None:
     cpu_build = p is not None and p.torch_cuda is None
     params_cpu = p is not None and p.param_device == "cpu" and p.h2d_per_step == 0 \
         and not p.cuda_initialized and not (g is not None and g.job_on_gpu)
-    absent = g is not None and not g.job_on_gpu and (p is None or params_cpu or cpu_build)
+    # the job's pid missing from the GPU's process list counts only where the list shows
+    # processes at all (inside a container NVML lists none, or the host's pids) or the GPU idles
+    unseen = g is not None and not g.job_on_gpu and (g.processes_listed or g.util_mean < 1)
+    absent = unseen and (p is None or params_cpu or cpu_build)
     if not (cpu_build or params_cpu or absent or g is None):
         return None
     evidence = {"gpu_seen": g is not None, "torch_cuda": p.torch_cuda if p else None,
@@ -128,7 +131,8 @@ def sync_bound(ev: Evidence) -> Finding | None:
 
 def overhead_bound(ev: Evidence, taken: float) -> Finding | None:
     g, c, p = ev.gpu, ev.cpu, ev.probe
-    if g is None or not (g.job_on_gpu or (p is not None and p.param_device == "cuda")):
+    hidden = not g.processes_listed and g.util_mean > 0 if g is not None else False  # a container
+    if g is None or not (g.job_on_gpu or hidden or (p is not None and p.param_device == "cuda")):
         return None
     if g.util_mean >= GPU_IDLE_PCT or taken >= INPUT_WAIT_FRAC:
         return None
@@ -177,15 +181,18 @@ def verdict(found: list[Finding]) -> Kind:
 
 def headroom(ev: Evidence, mig_profiles: tuple[tuple[str, float], ...] = ()) -> dict[str, Any] | None:
     """How many jobs like this one the GPU could hold: by memory and by utilisation."""
-    g = ev.gpu
-    if g is None or not g.job_on_gpu or not g.mem_total_mib or not g.job_mem_mib:
+    g, p = ev.gpu, ev.probe
+    on_gpu = g is not None and (g.job_on_gpu or (p is not None and p.param_device == "cuda"))
+    if g is None or not on_gpu or not g.mem_total_mib or not g.job_mem_mib:
         return None
     by_memory = math.floor(g.mem_total_mib / g.job_mem_mib)
     by_util = math.floor(100 / max(g.util_p90, 5.0))  # p90: room for the busy moments, not the mean
     jobs = max(1, min(by_memory, by_util))
     out: dict[str, Any] = {"jobs": jobs, "by_memory": by_memory, "by_util": by_util,
                            "memory_free_mib": r(g.mem_total_mib - g.job_mem_mib),
-                           "util_free_pct": r(100 - g.util_p90)}
+                           "util_free_pct": r(100 - g.util_p90),
+                           "memory_basis": "the job's processes" if g.job_on_gpu else
+                           "all memory in use (the job's processes are not listed: a container?)"}
     if g.mig:
         fits = [name for name, mib in mig_profiles if mib >= g.job_mem_mib * 1.1]
         out |= {"share": "mig", "mig_profiles": fits,
