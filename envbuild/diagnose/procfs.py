@@ -113,8 +113,9 @@ def threads_of(pid: int, proc: Path = Path("/proc")) -> Iterable[ThreadTicks]:
             yield found
 
 
-def snapshot(root: int, t: float, proc: Path = Path("/proc")) -> CpuSnapshot:
-    pids = process_tree(root, proc)
+def snapshot(root: int, t: float, proc: Path = Path("/proc"), pids: list[int] | None = None) -> CpuSnapshot:
+    """The threads of ``pids`` (default: ``root``'s whole tree, a scan of every process)."""
+    pids = process_tree(root, proc) if pids is None else pids
     threads = tuple(t for pid in pids for t in threads_of(pid, proc))
     blkio = {pid: parse_blkio(_read(proc / str(pid) / "stat") or "") for pid in pids}
     return CpuSnapshot(t=t, threads=threads, blkio=blkio,

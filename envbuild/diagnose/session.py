@@ -30,6 +30,9 @@ from envbuild.errors import UsageError
 GRACE_S = 5.0  # a stopped job's time to finish its atexit (the probe's last lines) before SIGKILL
 INTERVAL_S = 0.5  # between samples; nvidia-smi, a process per sample, no more often than SMI_INTERVAL_S
 SMI_INTERVAL_S = 1.0
+# The job's process tree is found by reading every process's stat, the sampler's largest
+# cost: once per this many ticks (new workers show within 2 s), the known pids in between.
+TREE_EVERY = 4
 SMI_TIMEOUT_S = 10.0
 PROBE_FILE = "probe.jsonl"
 
@@ -146,10 +149,15 @@ class Sampler:
         self.pids: set[int] = set()
         self.gpu_every = SMI_INTERVAL_S if gpus.source == "nvidia-smi" else interval
         self.gpu_last = -1e9
+        self.ticks = 0
+        self.tree: list[int] = []
 
     def tick(self, root: int) -> None:
         now = self.clock()
-        snap = snapshot(root, now)
+        if self.ticks % TREE_EVERY == 0:
+            self.tree = process_tree(root)
+        self.ticks += 1
+        snap = snapshot(root, now, pids=self.tree)
         self.pids.update(t.pid for t in snap.threads)
         self.cpu.append(snap)
         if self.gpus.read is not None and now - self.gpu_last >= self.gpu_every:
