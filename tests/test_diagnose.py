@@ -281,7 +281,7 @@ def run_job(mode: str, seconds: float = 3.0, **env: str) -> dict[str, Any]:
 
 @torch_here
 def test_slow_getitem_without_workers_is_input_bound() -> None:
-    found = run_job("slow-input")
+    found = run_job("slow-input", 2.0)
     assert found["verdict"] == "input-bound"
     # 8 samples x 5 ms of waiting per batch against a 40 ms step: about half the loop
     assert finding(found, "input-bound")["evidence"]["data_wait_pct"] >= 35
@@ -290,7 +290,7 @@ def test_slow_getitem_without_workers_is_input_bound() -> None:
 
 @torch_here
 def test_slow_getitem_with_workers_is_not_input_bound() -> None:
-    found = run_job("workers", 4.0)
+    found = run_job("workers", 3.0)
     assert "input-bound" not in kinds(found)
     assert found["probe"]["data_wait_frac"] < 0.2 and found["probe"]["batches"] >= 10
 
@@ -307,7 +307,7 @@ def test_disk_bound_reader_shows_kernel_mode_or_blocked_time() -> None:
 @torch_here
 def test_job_that_never_moves_to_cuda_is_not_on_gpu() -> None:
     # the profiler window forced on (a CPU build skips it): it runs, and finds no kernel launch
-    found = run_job("cpu-only", 2.0, **{probe.ENV_PROFILE: "always"})
+    found = run_job("cpu-only", 1.5, **{probe.ENV_PROFILE: "always"})
     assert found["verdict"] == "not-on-gpu" and kinds(found) == ["not-on-gpu"]
     assert found["probe"]["steps"] > probe.PROFILE_WARMUP_STEPS + probe.PROFILE_STEPS
     assert found["probe"]["torch_cuda"] is None and found["probe"]["launches_per_step"] == 0.0
