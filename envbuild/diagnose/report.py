@@ -109,14 +109,25 @@ def svg(series: dict[str, list[list[float]]]) -> str:
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img">',
              f'<rect x="{PAD}" y="{PAD}" width="{W - 2 * PAD}" height="{H - 2 * PAD}" fill="#fafafa" '
              'stroke="#ccc"/>',
-             f'<text x="4" y="{PAD + 4}" font-size="11">100</text><text x="4" y="{H - PAD}" '
+             f'<text x="4" y="{PAD + 4}" font-size="11">100%</text><text x="4" y="{H - PAD}" '
              f'font-size="11">0</text><text x="{W - PAD + 4}" y="{PAD + 4}" font-size="11">'
-             f'{step_max:.0f}</text><text x="{W - PAD - 30}" y="{H - 8}" font-size="11">{t_max:.0f} s</text>']
+             f'{step_max:.0f} ms</text>', *_ticks(t_max)]
     for key in ("gpu_util_pct", "data_wait_pct"):
         parts.append(_polyline(series[key], t_max, 100.0, COLOURS[key]))
     parts.append(_polyline(series["step_ms"], t_max, step_max, COLOURS["step_ms"]))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _ticks(t_max: float) -> list[str]:
+    """Five time marks under the plot, and a faint line at 50%."""
+    mid = H / 2
+    marks = [f'<line x1="{PAD}" x2="{W - PAD}" y1="{mid}" y2="{mid}" stroke="#e4e4e4"/>']
+    for i in range(5):
+        x = PAD + (W - 2 * PAD) * i / 4
+        marks.append(f'<text x="{x:.0f}" y="{H - PAD + 16}" font-size="11" text-anchor="middle">'
+                     f'{t_max * i / 4:.1f} s</text>')
+    return marks
 
 
 def page(report: dict[str, Any]) -> str:
