@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,20 @@ def test_smi_csv_is_read_whole() -> None:
     assert first.processes == ((PID, 29800.0),)
     idle = smi_samples("idle.csv", "idle-apps.csv")[0]
     assert idle.throttle == ("gpu_idle",) and idle.mig is None  # "[N/A]": not a MIG-capable GPU
+
+
+def test_smi_that_refuses_the_older_throttle_field_is_asked_again() -> None:
+    line = (FIXTURES / "gpu-bound.csv").read_text().splitlines()[1]
+    asked: list[str] = []
+
+    def run(argv: Sequence[str]) -> str | None:
+        asked.append(argv[1])
+        if "clocks_throttle_reasons" in argv[1]:
+            return None  # 'Field "clocks_throttle_reasons.active" is not a valid field to query.'
+        return line if argv[1].startswith("--query-gpu") else ""
+
+    (sample,) = gpu.read_smi(run, 1.0) or []
+    assert sample.throttle == ("sw_power_cap",) and "clocks_event_reasons.active" in asked[1]
 
 
 def test_busy_gpu_is_gpu_bound_and_names_the_power_cap() -> None:

@@ -32,6 +32,8 @@ THROTTLE_BITS = {
 SMI_FIELDS = ("index", "uuid", "name", "utilization.gpu", "utilization.memory", "memory.used",
               "memory.total", "power.draw", "power.limit", "clocks.sm", "clocks.max.sm",
               "clocks_throttle_reasons.active", "mig.mode.current")
+# Newer drivers name the mask "clocks_event_reasons"; either spelling may be the one refused.
+SMI_FIELDS_EVENT = tuple(f.replace("clocks_throttle_reasons", "clocks_event_reasons") for f in SMI_FIELDS)
 SMI_APPS = ("pid", "gpu_uuid", "used_memory")
 
 
@@ -106,8 +108,11 @@ Runner = Callable[[Sequence[str]], "str | None"]
 
 def read_smi(run: Runner, t: float) -> list[GpuSample] | None:
     """Sample every GPU through nvidia-smi; None when it does not answer."""
-    text = run(["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"])
-    if text is None:
+    for fields in (SMI_FIELDS, SMI_FIELDS_EVENT):
+        text = run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
+        if text is not None:
+            break
+    else:
         return None
     apps = run(["nvidia-smi", f"--query-compute-apps={','.join(SMI_APPS)}",
                 "--format=csv,noheader,nounits"])
@@ -141,7 +146,8 @@ class Nvml:
         n = self.nvml
         util, memory = _try(n.nvmlDeviceGetUtilizationRates, h), _try(n.nvmlDeviceGetMemoryInfo, h)
         power, limit = _try(n.nvmlDeviceGetPowerUsage, h), _try(n.nvmlDeviceGetEnforcedPowerLimit, h)
-        mask = _try(n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)  # the newer name
+        mask = _try(reasons or n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
         mig = _try(n.nvmlDeviceGetMigMode, h)
         name = _try(n.nvmlDeviceGetName, h)
         return GpuSample(
