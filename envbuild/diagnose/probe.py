@@ -68,7 +68,7 @@ class Recorder:
     def reset(self) -> None:
         self.sums: dict[str, float] = dict.fromkeys(
             ("batches", "data_wait_s", "data_wait_max_s", "first_wait_s", "steps", "step_s", "periods",
-             "period_s", "h2d", "h2d_bytes", "h2d_s", "syncs", "sync_s", "to_cuda"), 0.0)
+             "period_s", "h2d", "h2d_bytes", "h2d_s", "syncs", "sync_s"), 0.0)
 
     def event(self, ago: float = 0.0) -> None:
         """Mark an event that began ``ago`` seconds back: the window spans its events only,

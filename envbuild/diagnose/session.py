@@ -230,5 +230,3 @@ def watch_pid(pid: int, *, seconds: float, gpus: Gpus, interval: float = INTERVA
     return Outcome(recording=sampler.recording(time.time() - began, (), _mig(sampler)),
                    exit_code=None, stopped=False)
 
-
-__all__ = ["Gpus", "Outcome", "open_gpus", "process_tree", "run_command", "stop_group", "watch_pid"]
