@@ -50,6 +50,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
     "fleet": ("envbuild.commands.fleet", "verify every node of every node type through Slurm or Kubernetes"),
+    "diagnose": ("envbuild.commands.diagnose", "run (or watch) a training job and say why its GPU idles"),
 }
 
 
