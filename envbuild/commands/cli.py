@@ -49,6 +49,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("envbuild.commands.build", "tag a verified image digest in its registry"),
     "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
+    "config": ("envbuild.commands.config", "show every effective setting and its origin"),
+    "completion": ("envbuild.commands.completion", "print a shell completion script (bash, zsh, fish)"),
 }
 
 
@@ -104,7 +106,7 @@ def _add_smoke(commands: Any) -> None:
 
 
 def _add_matrix(commands: Any, *, refresh: bool) -> None:
-    p = commands.add_parser("matrix", help="validate or show the compatibility data")
+    p = commands.add_parser("matrix", help="validate, show or refresh the compatibility data")
     sub = p.add_subparsers(dest="matrix_command", metavar="ACTION", required=True,
                            parser_class=Parser)
     v = sub.add_parser("validate", help="check every file, row and cross-reference")
@@ -112,8 +114,8 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
                    help="record each file's sha256 after a successful validation")
     v.set_defaults(run=cmd_matrix_validate)
     s = sub.add_parser("show", help="print one relation")
-    s.add_argument("relation")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("relation", help="a relation name, e.g. gpus, torch_variants, cuda_toolkits")
+    s.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     s.set_defaults(run=cmd_matrix_show)
     r = sub.add_parser("refresh", help="update the data from upstream (all or nothing; exit 4 on "
                                        "any failure)")

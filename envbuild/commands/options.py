@@ -90,8 +90,10 @@ def add_render_options(p: argparse.ArgumentParser, *, host: bool = False) -> Non
     g.add_argument("--python-url", metavar="URL",
                    help="standalone CPython tarball, when the distro's python3 is not the stack's")
     g.add_argument("--python-sha256", metavar="HEX", help="sha256 of --python-url")
-    g.add_argument("--apt-package", action="append", default=[], metavar="NAME")
-    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
+    g.add_argument("--apt-package", action="append", default=[], metavar="NAME",
+                   help="a Debian package for the image (repeatable): name or name=version")
+    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]",
+                   help="a Python package installed after torch (repeatable): name or name==version")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="exported in /etc/profile.d/envbuild-env.sh (login shells) and to the "
                         "smoke test (repeatable)" if host else "an ENV of the image (repeatable)")

@@ -37,7 +37,8 @@ Renderer = Callable[[argparse.Namespace, "Lock", "str | None", "HostSetup"], dic
 def add_commands(commands: Any) -> None:
     """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
 
-    r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
+    r = commands.add_parser("render", help="write a Dockerfile, host script or cloud-init user-data "
+                                           "(with its lock and smoke test)")
     sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
                            parser_class=Parser)
     d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
