@@ -194,3 +194,49 @@ def test_help_texts_say_what_the_commands_do(capsys: pytest.CaptureFixture[str],
     for option in ("--apt-package", "--pip-package"):
         at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(option))
         assert "repeatable" in " ".join(lines[at:at + 2]), f"{option} has no help"
+
+
+# --- --json on the writers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["docker", "script", "cloud-init"])
+def test_render_json_lists_every_file_written_with_its_hash(target: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    out_dir = tmp_path / "out"
+    code, out, err = run(capsys, ["render", target, "--driver", "550", "-o", str(out_dir), "--json"],
+                         base_env(tmp_path))
+    assert code == 0, err
+    document = json.loads(out)
+    valid("written.schema.json", document)
+    assert document["target"] == target
+    on_disk = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file())
+    assert [f["path"] for f in document["files"]] == on_disk
+    for entry in document["files"]:
+        assert entry["sha256"] == hashlib.sha256((out_dir / entry["path"]).read_bytes()).hexdigest()
+
+
+def test_ci_json_names_the_stacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, ["ci", "bake", "--driver", "550", "--top", "2", "--registry",
+                                  "registry.example/ml/torch", "-o", str(tmp_path / "ci"), "--json"],
+                         base_env(tmp_path))
+    assert code == 0, err
+    document = json.loads(out)
+    valid("written.schema.json", document)
+    assert document["schema"] == "envbuild.ci/1" and len(document["stacks"]) == 2
+
+
+def test_init_and_matrix_validate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, ["init", "--driver", "550", "--gpu", "A10", "--json"], base_env(tmp_path))
+    assert code == 0, err
+    document = json.loads(out)
+    valid("init.schema.json", document)
+    assert (tmp_path / "envbuild.toml").read_text(encoding="utf-8") == document["text"]
+    code, out, err = run(capsys, ["matrix", "validate", "--json"], base_env(tmp_path))
+    assert code == 0, err
+    document = json.loads(out)
+    valid("matrix-validate.schema.json", document)
+    assert document["relations"]["gpus"] > 100 and document["manifest"] is None

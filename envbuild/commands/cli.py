@@ -112,6 +112,8 @@ def _add_matrix(commands: Any, *, refresh: bool) -> None:
     v = sub.add_parser("validate", help="check every file, row and cross-reference")
     v.add_argument("--write-manifest", action="store_true",
                    help="record each file's sha256 after a successful validation")
+    v.add_argument("--json", action="store_true",
+                   help="print the result as JSON (envbuild.matrix-validate/1)")
     v.set_defaults(run=cmd_matrix_validate)
     s = sub.add_parser("show", help="print one relation")
     s.add_argument("relation", help="a relation name, e.g. gpus, torch_variants, cuda_toolkits")
@@ -171,19 +173,26 @@ def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
     from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
+    manifest = None
     if not args.write_manifest:
         data = matrix.load(directory, cache_dir=None)
-        rows = sum(len(r) for r in data.relations.values())
-        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+    else:
+        # One writer at a time (the lock refresh's commit takes): the manifest records exactly
+        # the files validated here, never a mix of them and a refresh's.
+        with matrix.lock(directory):
+            matrix.load.cache_clear()
+            data = matrix.load(directory, cache_dir=None)
+            manifest = matrix.write_manifest(directory)
+    rows = sum(len(r) for r in data.relations.values())
+    if args.json:
+        out(json.dumps({"schema": "envbuild.matrix-validate/1", "directory": str(directory),
+                        "valid": True,
+                        "relations": {name: len(r) for name, r in sorted(data.relations.items())},
+                        "rows": rows, "manifest": str(manifest) if manifest else None}, indent=2))
         return 0
-    # One writer at a time (the lock refresh's commit takes): the manifest records exactly
-    # the files validated here, never a mix of them and a refresh's.
-    with matrix.lock(directory):
-        matrix.load.cache_clear()
-        data = matrix.load(directory, cache_dir=None)
-        rows = sum(len(r) for r in data.relations.values())
-        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
-        out(f"wrote {matrix.write_manifest(directory)}")
+    out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+    if manifest is not None:
+        out(f"wrote {manifest}")
     return 0
 
 

@@ -122,6 +122,20 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
 def add_output_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written as JSON (docs/schemas/written.schema.json)")
+
+
+def written_json(schema: str, directory: Path, **extra: Any) -> str:
+    """What a writer command wrote into ``directory``, as its --json document: every file
+    (sorted, relative), its size and sha256, read back from disk after the atomic rename."""
+    import hashlib
+    import json
+
+    files = [{"path": path.relative_to(directory).as_posix(), "bytes": path.stat().st_size,
+              "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+             for path in sorted(directory.rglob("*")) if path.is_file()]
+    return json.dumps({"schema": schema, "output": str(directory), "files": files, **extra}, indent=2)
 
 
 # --- from a Namespace to values ----------------------------------------------------------

@@ -21,6 +21,7 @@ from envbuild.commands.options import (
     resolve_lock,
     warn,
     warn_all,
+    written_json,
 )
 from envbuild.errors import UsageError
 
@@ -116,7 +117,10 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
     from envbuild.render.output import write_output
 
     write_output(files, Path(args.output), force=args.force)
-    out(f"wrote {args.output}/ ({', '.join(files)})")
+    if getattr(args, "json", False):
+        out(written_json("envbuild.render/1", Path(args.output), target=args.render_target))
+    else:
+        out(f"wrote {args.output}/ ({', '.join(files)})")
     return 0
 
 
