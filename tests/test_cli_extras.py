@@ -240,3 +240,19 @@ def test_init_and_matrix_validate_json(tmp_path: Path, capsys: pytest.CaptureFix
     document = json.loads(out)
     valid("matrix-validate.schema.json", document)
     assert document["relations"]["gpus"] > 100 and document["manifest"] is None
+
+
+# --- a failed build shows its log ---------------------------------------------------------
+
+
+def test_a_failed_step_shows_its_last_log_line_and_promises_none_when_empty(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from envbuild.commands.cli import _print_story
+    from envbuild.engine.build import _step_failure
+
+    failed = _step_failure("returned a non-zero code: 3", (5, 9, "RUN exit 3"), ("boom: disk on fire",))
+    assert "follow" in failed.hint
+    _print_story(failed)
+    assert "  - boom: disk on fire" in capsys.readouterr().err  # one line of log is still shown
+    silent = _step_failure("returned a non-zero code: 3", (5, 9, "RUN exit 3"), ())
+    assert "follow" not in silent.hint and "--verbose" in silent.hint

@@ -22,6 +22,7 @@ from envbuild.errors import (
     EXIT_INTERRUPTED,
     EXIT_OUTPUT,
     WRITE_ERRNOS,
+    BuildFailed,
     EnvbuildError,
     NoCompatibleStack,
     Terminated,
@@ -383,6 +384,7 @@ def _print_story(exc: EnvbuildError) -> None:
             print("To fix this you could (each re-solved and shown to work):", file=sys.stderr)
             for line in exc.fixes:
                 print(redact(f"  - {line}"), file=sys.stderr)
-    elif exc.details and len(exc.details) > 1:
+    elif exc.details and (len(exc.details) > 1 or isinstance(exc, BuildFailed)):
+        # a build's log tail is shown even when it is one line (its hint says it follows)
         for line in exc.details:
             print(redact(f"  - {line}"), file=sys.stderr)
