@@ -256,3 +256,31 @@ def test_a_failed_step_shows_its_last_log_line_and_promises_none_when_empty(
     assert "  - boom: disk on fire" in capsys.readouterr().err  # one line of log is still shown
     silent = _step_failure("returned a non-zero code: 3", (5, 9, "RUN exit 3"), ())
     assert "follow" not in silent.hint and "--verbose" in silent.hint
+
+
+# --- -q / -v anywhere on the line -----------------------------------------------------------
+
+
+def test_quiet_and_verbose_are_read_anywhere_before_the_commands_own_arguments() -> None:
+    from envbuild.commands.cli import verbosity
+
+    assert verbosity(["-q", "resolve", "--driver", "550"]) == (["resolve", "--driver", "550"], -1)
+    assert verbosity(["lock", "--check", "--quiet"]) == (["lock", "--check"], -1)
+    assert verbosity(["build", "-v", "--lock", "x"]) == (["build", "--lock", "x"], 1)
+    # the smoke test and a diagnosed command own what follows them
+    assert verbosity(["-q", "smoke", "-v"]) == (["smoke", "-v"], -1)
+    assert verbosity(["diagnose", "--", "python", "-q"]) == (["diagnose", "--", "python", "-q"], 0)
+
+
+def test_quiet_drops_progress_lines_but_not_the_error(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", data)
+    env = {**base_env(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("ENVBUILD_NO_CACHE")
+    argv = ["--matrices", str(data), "matrix", "refresh", "--offline"]
+    code, _, err = run(capsys, argv, env)  # offline with an empty cache: exit 4 after a progress line
+    assert code == 4 and "refreshing from" in err
+    code, _, err = run(capsys, [*argv, "-q"], env)
+    assert code == 4 and "refreshing from" not in err
+    assert err.startswith("envbuild: error[data]:")

@@ -17,7 +17,7 @@ from typing import Any
 
 from envbuild import __version__
 from envbuild.commands import detect
-from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
+from envbuild.commands.options import VERBOSITY, Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
     EXIT_OUTPUT,
@@ -66,6 +66,10 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-q", "--quiet", action="count", default=0,
+                        help="no progress lines (errors and warnings still show); anywhere on the line")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more detail, e.g. every build log line; anywhere on the line")
     parser.add_argument("--matrices", metavar="DIR",
                         help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -271,8 +275,34 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
 
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    env = os.environ if env is None else env
+    argv, level = verbosity(list(sys.argv[1:] if argv is None else argv))
+    token = VERBOSITY.set(level)
+    try:
+        return _run(argv, os.environ if env is None else env, level)
+    finally:
+        VERBOSITY.reset(token)
+
+
+FLAGS_QUIET = ("-q", "--quiet")
+FLAGS_VERBOSE = ("-v", "--verbose")
+
+
+def verbosity(argv: list[str]) -> tuple[list[str], int]:
+    """``argv`` without -q/-v (given anywhere before ``--``, and before the smoke test's own
+    arguments), and the level they ask for: -1 quiet, 0, 1 verbose."""
+    kept: list[str] = []
+    level = 0
+    for i, arg in enumerate(argv):
+        if arg == "--" or (arg == "smoke" and not any(not a.startswith("-") for a in kept)):
+            return kept + argv[i:], level
+        if arg in FLAGS_QUIET or arg in FLAGS_VERBOSE:
+            level = -1 if arg in FLAGS_QUIET else max(level, 1)
+        else:
+            kept.append(arg)
+    return kept, level
+
+
+def _run(argv: list[str], env: Mapping[str, str], level: int) -> int:
     debug = "--debug" in argv
     if argv[:1] == ["smoke"]:
         # The smoke test owns its arguments (it also runs standalone inside images).
@@ -284,6 +314,8 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         parser = build_parser(with_render=command is None, lazy=lazy,
                               refresh=words[:2] == ["matrix", "refresh"])
         args = parser.parse_args(argv)
+        if level > 0 and hasattr(args, "verbose"):
+            args.verbose = True  # a command's own --verbose (build) is the global one
         if not getattr(args, "run", None):
             parser.print_help()
             return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,9 @@ Out = Callable[[str], None]
 # What every command's ``run`` is: the parsed arguments, the environment, the printer.
 Command = Callable[[argparse.Namespace, Mapping[str, str], Out], int]
 WARNING = "envbuild: warning: "
+# How much a command says on stderr besides its errors and warnings, set for one call by
+# cli.main from -q/-v: -1 no progress lines, 0 the default, 1 more (a build's every log line).
+VERBOSITY: ContextVar[int] = ContextVar("envbuild_verbosity", default=0)
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +42,12 @@ class Parser(argparse.ArgumentParser):
 def warn(message: str) -> None:
     """A warning on standard error, in the one format every command uses."""
     print(f"{WARNING}{message}", file=sys.stderr, flush=True)
+
+
+def progress(text: str) -> None:
+    """A progress line on standard error, unless -q asked for none."""
+    if VERBOSITY.get() >= 0:
+        print(text, file=sys.stderr, flush=True)
 
 
 def warn_all(messages: Iterable[str]) -> None:
