@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from envbuild.commands.options import (
     add_context_options,
     add_render_options,
     add_selectors,
+    progress,
     warn,
 )
 from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
@@ -78,7 +78,8 @@ def add_commands(commands: Any) -> None:
 
 
 def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    """Build, push and pull progress (none with -q)."""
+    progress(text)
 
 
 def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

@@ -16,6 +16,7 @@ from envbuild.commands.options import (
     load_matrix,
     positive_int,
     resolve_stacks,
+    written_json,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "the target's runs-on labels, after a 'lock --check' job; no selectors then")
     g.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     g.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    g.add_argument("--json", action="store_true",
+                   help="print what was written and which stacks as JSON (envbuild.ci/1)")
 
 
 def _plan(args: argparse.Namespace, env: Mapping[str, str],
@@ -106,6 +109,10 @@ def _command(render: Render) -> Command:
         else:
             stacks, skipped = _plan(args, env, matrix)
         write_output(render(stacks, options), Path(args.output), force=args.force)
+        if args.json:
+            out(written_json("envbuild.ci/1", Path(args.output), stacks=[s.id for s in stacks],
+                             skipped=list(skipped)))
+            return 0
         count = f"{len(stacks)} stack{'s' if len(stacks) != 1 else ''}"
         out(f"wrote {args.output}/ with {count}: {', '.join(s.id for s in stacks)}")
         if skipped:

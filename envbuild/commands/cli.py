@@ -17,11 +17,12 @@ from typing import Any
 
 from envbuild import __version__
 from envbuild.commands import detect
-from envbuild.commands.options import Parser, add_selectors, load_matrix, positive_int
+from envbuild.commands.options import VERBOSITY, Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
     EXIT_OUTPUT,
     WRITE_ERRNOS,
+    BuildFailed,
     EnvbuildError,
     NoCompatibleStack,
     Terminated,
@@ -51,6 +52,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
     "fleet": ("envbuild.commands.fleet", "verify every node of every node type through Slurm or Kubernetes"),
     "diagnose": ("envbuild.commands.diagnose", "run (or watch) a training job and say why its GPU idles"),
+    "config": ("envbuild.commands.config", "show every effective setting and its origin"),
+    "completion": ("envbuild.commands.completion", "print a shell completion script (bash, zsh, fish)"),
 }
 
 
@@ -65,6 +68,10 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-q", "--quiet", action="count", default=0,
+                        help="no progress lines (errors and warnings still show); anywhere on the line")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more detail, e.g. every build log line; anywhere on the line")
     parser.add_argument("--matrices", metavar="DIR",
                         help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -106,16 +113,18 @@ def _add_smoke(commands: Any) -> None:
 
 
 def _add_matrix(commands: Any, *, refresh: bool) -> None:
-    p = commands.add_parser("matrix", help="validate or show the compatibility data")
+    p = commands.add_parser("matrix", help="validate, show or refresh the compatibility data")
     sub = p.add_subparsers(dest="matrix_command", metavar="ACTION", required=True,
                            parser_class=Parser)
     v = sub.add_parser("validate", help="check every file, row and cross-reference")
     v.add_argument("--write-manifest", action="store_true",
                    help="record each file's sha256 after a successful validation")
+    v.add_argument("--json", action="store_true",
+                   help="print the result as JSON (envbuild.matrix-validate/1)")
     v.set_defaults(run=cmd_matrix_validate)
     s = sub.add_parser("show", help="print one relation")
-    s.add_argument("relation")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("relation", help="a relation name, e.g. gpus, torch_variants, cuda_toolkits")
+    s.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     s.set_defaults(run=cmd_matrix_show)
     r = sub.add_parser("refresh", help="update the data from upstream (all or nothing; exit 4 on "
                                        "any failure)")
@@ -171,19 +180,26 @@ def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
     from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
+    manifest = None
     if not args.write_manifest:
         data = matrix.load(directory, cache_dir=None)
-        rows = sum(len(r) for r in data.relations.values())
-        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+    else:
+        # One writer at a time (the lock refresh's commit takes): the manifest records exactly
+        # the files validated here, never a mix of them and a refresh's.
+        with matrix.lock(directory):
+            matrix.load.cache_clear()
+            data = matrix.load(directory, cache_dir=None)
+            manifest = matrix.write_manifest(directory)
+    rows = sum(len(r) for r in data.relations.values())
+    if args.json:
+        out(json.dumps({"schema": "envbuild.matrix-validate/1", "directory": str(directory),
+                        "valid": True,
+                        "relations": {name: len(r) for name, r in sorted(data.relations.items())},
+                        "rows": rows, "manifest": str(manifest) if manifest else None}, indent=2))
         return 0
-    # One writer at a time (the lock refresh's commit takes): the manifest records exactly
-    # the files validated here, never a mix of them and a refresh's.
-    with matrix.lock(directory):
-        matrix.load.cache_clear()
-        data = matrix.load(directory, cache_dir=None)
-        rows = sum(len(r) for r in data.relations.values())
-        out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
-        out(f"wrote {matrix.write_manifest(directory)}")
+    out(f"{directory}: {len(data.relations)} relations, {rows} rows, all valid")
+    if manifest is not None:
+        out(f"wrote {manifest}")
     return 0
 
 
@@ -261,8 +277,34 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
 
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    env = os.environ if env is None else env
+    argv, level = verbosity(list(sys.argv[1:] if argv is None else argv))
+    token = VERBOSITY.set(level)
+    try:
+        return _run(argv, os.environ if env is None else env, level)
+    finally:
+        VERBOSITY.reset(token)
+
+
+FLAGS_QUIET = ("-q", "--quiet")
+FLAGS_VERBOSE = ("-v", "--verbose")
+
+
+def verbosity(argv: list[str]) -> tuple[list[str], int]:
+    """``argv`` without -q/-v (given anywhere before ``--``, and before the smoke test's own
+    arguments), and the level they ask for: -1 quiet, 0, 1 verbose."""
+    kept: list[str] = []
+    level = 0
+    for i, arg in enumerate(argv):
+        if arg == "--" or (arg == "smoke" and not any(not a.startswith("-") for a in kept)):
+            return kept + argv[i:], level
+        if arg in FLAGS_QUIET or arg in FLAGS_VERBOSE:
+            level = -1 if arg in FLAGS_QUIET else max(level, 1)
+        else:
+            kept.append(arg)
+    return kept, level
+
+
+def _run(argv: list[str], env: Mapping[str, str], level: int) -> int:
     debug = "--debug" in argv
     if argv[:1] == ["smoke"]:
         # The smoke test owns its arguments (it also runs standalone inside images).
@@ -274,6 +316,8 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         parser = build_parser(with_render=command is None, lazy=lazy,
                               refresh=words[:2] == ["matrix", "refresh"])
         args = parser.parse_args(argv)
+        if level > 0 and hasattr(args, "verbose"):
+            args.verbose = True  # a command's own --verbose (build) is the global one
         if not getattr(args, "run", None):
             parser.print_help()
             return 2
@@ -396,6 +440,7 @@ def _print_story(exc: EnvbuildError) -> None:
             _say("To fix this you could (each re-solved and shown to work):")
             for line in exc.fixes:
                 _say(redact(f"  - {line}"))
-    elif exc.details and len(exc.details) > 1:
+    elif exc.details and (len(exc.details) > 1 or isinstance(exc, BuildFailed)):
+        # a build's log tail is shown even when it is one line (its hint says it follows)
         for line in exc.details:
             _say(redact(f"  - {line}"))

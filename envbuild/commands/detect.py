@@ -15,7 +15,7 @@ from envbuild.host.facts import with_catalogue
 
 def add_commands(commands: Any) -> None:
     p = commands.add_parser("detect", help="report host facts: driver, GPUs, OS, /dev/shm")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable host facts (schema_version 1)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read saved nvidia-smi output instead of probing")
     p.set_defaults(run=cmd_detect)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,8 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--force", action="store_true", help="replace an existing file")
     g.add_argument("--print", action="store_true", dest="print_block",
                    help="print a [tool.envbuild] block for pyproject.toml instead of writing")
+    g.add_argument("--json", action="store_true",
+                   help="print what was written (or the --print block) as JSON (envbuild.init/1)")
     p.set_defaults(run=cmd_init)
 
 
@@ -118,7 +121,8 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if note is not None:
         warn(f"no NVIDIA GPU on this host: the target is CPU-only (variant {variant})")
     if args.print_block:
-        out(text.rstrip("\n"))
+        out(json.dumps({"schema": "envbuild.init/1", "output": None, "target": args.target,
+                        "text": text}, indent=2) if args.json else text.rstrip("\n"))
         return 0
     from envbuild.fs import UnwritableDirectory, write_file
 
@@ -127,6 +131,10 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     except UnwritableDirectory as exc:  # a bad output path, as lock and render report it
         raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}",
                          hint="name another -o/--output") from None
+    if args.json:
+        out(json.dumps({"schema": "envbuild.init/1", "output": args.output, "target": args.target,
+                        "text": text}, indent=2))
+        return 0
     what = ", ".join(p for p in (f"driver {driver}" if driver else "",
                                  "GPUs " + ", ".join(gpus) if gpus else "",
                                  "archs " + ", ".join(archs) if archs else "") if p)

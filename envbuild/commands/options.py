@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,9 @@ Out = Callable[[str], None]
 # What every command's ``run`` is: the parsed arguments, the environment, the printer.
 Command = Callable[[argparse.Namespace, Mapping[str, str], Out], int]
 WARNING = "envbuild: warning: "
+# How much a command says on stderr besides its errors and warnings, set for one call by
+# cli.main from -q/-v: -1 no progress lines, 0 the default, 1 more (a build's every log line).
+VERBOSITY: ContextVar[int] = ContextVar("envbuild_verbosity", default=0)
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +42,12 @@ class Parser(argparse.ArgumentParser):
 def warn(message: str) -> None:
     """A warning on standard error, in the one format every command uses."""
     print(f"{WARNING}{message}", file=sys.stderr, flush=True)
+
+
+def progress(text: str) -> None:
+    """A progress line on standard error, unless -q asked for none."""
+    if VERBOSITY.get() >= 0:
+        print(text, file=sys.stderr, flush=True)
 
 
 def warn_all(messages: Iterable[str]) -> None:
@@ -92,8 +102,10 @@ def add_render_options(p: argparse.ArgumentParser, *, host: bool = False) -> Non
     g.add_argument("--python-url", metavar="URL",
                    help="standalone CPython tarball, when the distro's python3 is not the stack's")
     g.add_argument("--python-sha256", metavar="HEX", help="sha256 of --python-url")
-    g.add_argument("--apt-package", action="append", default=[], metavar="NAME")
-    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]")
+    g.add_argument("--apt-package", action="append", default=[], metavar="NAME",
+                   help="a Debian package for the image (repeatable): name or name=version")
+    g.add_argument("--pip-package", action="append", default=[], metavar="NAME[==VER]",
+                   help="a Python package installed after torch (repeatable): name or name==version")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="exported in /etc/profile.d/envbuild-env.sh (login shells) and to the "
                         "smoke test (repeatable)" if host else "an ENV of the image (repeatable)")
@@ -124,6 +136,20 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
 def add_output_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written as JSON (docs/schemas/written.schema.json)")
+
+
+def written_json(schema: str, directory: Path, **extra: Any) -> str:
+    """What a writer command wrote into ``directory``, as its --json document: every file
+    (sorted, relative), its size and sha256, read back from disk after the atomic rename."""
+    import hashlib
+    import json
+
+    files = [{"path": path.relative_to(directory).as_posix(), "bytes": path.stat().st_size,
+              "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+             for path in sorted(directory.rglob("*")) if path.is_file()]
+    return json.dumps({"schema": schema, "output": str(directory), "files": files, **extra}, indent=2)
 
 
 # --- from a Namespace to values ----------------------------------------------------------

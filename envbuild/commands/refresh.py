@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from envbuild.commands.options import progress
 from envbuild.redact import redact
 from envbuild.upstream import refresh
 
@@ -70,7 +71,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> refre
 
 def cmd_refresh(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[str], None]) -> int:
     options = options_from_args(args, env)
-    report = refresh.refresh(options, env, log=_progress,
+    report = refresh.refresh(options, env, log=lambda message: progress(redact(message)),
                              warn=lambda message: _progress(WARNING_PREFIX + message))
     if args.json:
         out(redact(json.dumps(report.to_json(), indent=2)))

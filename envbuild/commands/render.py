@@ -21,6 +21,7 @@ from envbuild.commands.options import (
     resolve_lock,
     warn,
     warn_all,
+    written_json,
 )
 from envbuild.errors import UsageError
 
@@ -37,7 +38,8 @@ Renderer = Callable[[argparse.Namespace, "Lock", "str | None", "HostSetup"], dic
 def add_commands(commands: Any) -> None:
     """``envbuild lock`` and ``envbuild render docker|script|cloud-init``."""
 
-    r = commands.add_parser("render", help="render a Dockerfile (more targets to come)")
+    r = commands.add_parser("render", help="write a Dockerfile, host script or cloud-init user-data "
+                                           "(with its lock and smoke test)")
     sub = r.add_subparsers(dest="render_target", metavar="TARGET", required=True,
                            parser_class=Parser)
     d = sub.add_parser("docker", help="a Docker build context: Dockerfile, lock, smoke test")
@@ -117,7 +119,10 @@ def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Ou
     from envbuild.render.output import write_output
 
     write_output(files, Path(args.output), force=args.force)
-    out(f"wrote {args.output}/ ({', '.join(files)})")
+    if getattr(args, "json", False):
+        out(written_json("envbuild.render/1", Path(args.output), target=args.render_target))
+    else:
+        out(f"wrote {args.output}/ ({', '.join(files)})")
     return 0
 
 

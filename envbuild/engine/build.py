@@ -174,8 +174,14 @@ def _step_failure(message: str, step: tuple[int, int, str] | None,
         return BuildFailed(f"the Dockerfile needs BuildKit, which the SDK's classic builder "
                            f"lacks: {message}", details=log)
     where = f"step {step[0]}/{step[1]} ({short(step[2])})" if step else "the build"
-    return BuildFailed(f"{where} failed: {message}", details=log,
-                       hint="the last log lines follow; rerun with --verbose for all of them")
+    return BuildFailed(f"{where} failed: {message}", details=log, hint=log_hint(log))
+
+
+def log_hint(log: tuple[str, ...]) -> str:
+    """The hint of a failed step: it promises log lines only when some follow."""
+    if log:
+        return "the last log lines follow; rerun with --verbose for all of them"
+    return "the step printed nothing; rerun with --verbose to see the whole build"
 
 
 def short(text: str, limit: int = 80) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from envbuild.engine.build import BuildEvent, BuildResult, short
+from envbuild.engine.build import BuildEvent, BuildResult, log_hint, short
 from envbuild.engine.daemon import LOG_TAIL
 from envbuild.errors import BuildFailed, DockerUnavailable, UsageError
 
@@ -139,8 +139,7 @@ def _secret_args(secrets: Mapping[str, bytes], directory: Path) -> list[str]:
 
 def _failure(where: str | None, message: str, tail: Sequence[str]) -> BuildFailed:
     place = f"step {where}" if where else "the build"
-    return BuildFailed(f"{place} failed: {message}", details=tuple(tail),
-                       hint="the last log lines follow; rerun with --verbose for all of them")
+    return BuildFailed(f"{place} failed: {message}", details=tuple(tail), hint=log_hint(tuple(tail)))
 
 
 @dataclass(slots=True, kw_only=True)
