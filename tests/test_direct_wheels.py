@@ -10,6 +10,8 @@ import http.server
 import json
 import os
 import ssl
+import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from envbuild.errors import UsageError
 from envbuild.pylock.direct import direct_wheel, stack_constraints
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.install import install_requirements
+from envbuild.pylock.uv import find_uv
 
 trustme = pytest.importorskip("trustme")
 TINY = "tiny-1.0-py3-none-any.whl"
@@ -142,6 +145,18 @@ def test_a_direct_wheel_is_locked_with_its_sha256_and_installed_from_its_url(
     lines = install_requirements(pylock, ["tiny"], python="3.11", glibc="2.35")
     assert lines == f"tiny @ {base}/{TINY} --hash=sha256:{digest}\n"
     assert run(capsys, env, "lock", "--check")[0] == 0
+    # and installed for real, as the build installs it: no index, no deps, hashes required
+    (tmp_path / "req.txt").write_text(lines, encoding="utf-8")
+    target = tmp_path / "site"
+    done = subprocess.run([find_uv(None), "pip", "install", "--no-config", "--no-deps", "--no-index",
+                           "--require-hashes", "--target", str(target), "--python", sys.executable,
+                           "-r", str(tmp_path / "req.txt")], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    called = subprocess.run([sys.executable, "-c", "import tiny; print(tiny.hello())"],
+                            env={**env, "PYTHONPATH": str(target)}, capture_output=True, text=True,
+                            check=False)
+    assert called.stdout.strip() == "42", called.stderr
 
 
 def test_a_wrong_sha256_in_the_url_is_a_data_error_and_nothing_is_written(
