@@ -300,7 +300,9 @@ def test_editable_and_local_requirements_are_refused(tmp_path: Path, requirement
     ("thing @ git+https://127.0.0.1/repo.git@v1", "VCS requirement"),
     ("hg+https://127.0.0.1/repo", "VCS requirement"),
     ("https://127.0.0.1/thing-1.0.tar.gz", "direct URL requirement"),
-    ("thing @ https://127.0.0.1/thing-1.0-py3-none-any.whl", "direct URL requirement"),
+    # an https wheel is allowed (tests/test_direct_wheels.py); anything else by URL is not
+    ("thing @ http://127.0.0.1/thing-1.0-py3-none-any.whl", "direct URL requirement"),
+    ("thing @ https://127.0.0.1/thing-1.0.tar.gz", "direct URL requirement"),
 ])
 def test_vcs_and_direct_urls_are_refused(tmp_path: Path, requirement: str, problem: str) -> None:
     """docs/faults.md H13"""

@@ -327,10 +327,11 @@ def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> 
     assert "s3cret" not in line and "\n" not in line
 
 
-@pytest.mark.parametrize("requirement", ["requests>=", "pkg @ https://x.invalid/pkg-1.0-py3-none-any.whl",
+@pytest.mark.parametrize("requirement", ["requests>=", "pkg @ http://x.invalid/pkg-1.0-py3-none-any.whl",
+                                         "pkg @ https://x.invalid/pkg-1.0.tar.gz",
                                          "pkg @ git+https://x.invalid/pkg.git"])
 def test_bad_requirement_is_usage_error(index: Index, uv_env: dict[str, str], requirement: str) -> None:
-    """An unparsable or direct-URL requirement: exit 2 before uv runs."""
+    """An unparsable requirement, or a direct URL that is not an https wheel: exit 2 before uv runs."""
     index.paths.clear()
     with pytest.raises(UsageError, match="dependency: ") as caught:
         compile_closure(spec(index, uv_env, dependencies=(requirement,)))

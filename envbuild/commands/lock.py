@@ -187,15 +187,43 @@ def _previous(path: Path) -> LockSet | None:
         return None
 
 
+def _extension_spec(args: argparse.Namespace, dependencies: Sequence[str]) -> tuple[argparse.Namespace,
+                                                                                   list[str]]:
+    """A direct-URL wheel built for one torch (``+cu12torch2.6…``, ``+pt21cu121``) narrows the
+    stack to that torch minor and CUDA major, since an extension runs only beside the torch it
+    was compiled against; (the selectors, the wheels that narrowed them)."""
+    from envbuild.pylock.direct import direct_wheels, stack_constraints
+
+    torch, cuda, origins = stack_constraints(direct_wheels(dependencies))
+    if not origins:
+        return args, []
+    majors = sorted({c.split(".")[0] for c in cuda})
+    if len(majors) > 1 or len(torch) > 1:
+        raise UsageError(f"the project's extension wheels were built for different stacks "
+                         f"(torch {', '.join(t.strip('=.*') for t in torch) or 'any'}; CUDA "
+                         f"{', '.join(majors) or 'any'}): {', '.join(origins)}",
+                         hint="pick wheels built for one torch and one CUDA major")
+    ns = argparse.Namespace(**vars(args))
+    if torch:
+        ns.torch = ",".join(([args.torch] if args.torch else []) + torch)
+    if majors:
+        if args.cuda and not str(args.cuda).split(".")[0] == majors[0]:
+            raise UsageError(f"--cuda {args.cuda}: the extension wheels need CUDA {majors[0]} "
+                             f"({', '.join(origins)})", hint=f"use --cuda {majors[0]} or other wheels")
+        ns.cuda = args.cuda or majors[0]
+    return ns, origins
+
+
 def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plan: _Plan) -> Lock:
     """The stack and image options of one target, before the closure."""
-    ns = _torch_spec(plan.args, plan.torch_constraints)
+    narrowed = _torch_spec(plan.args, plan.torch_constraints)
+    ns, built_for = _extension_spec(narrowed, plan.dependencies)
     try:
         return resolve_lock(ns, env, matrix)
     except NoCompatibleStack as exc:
         if ns is plan.args:
             raise
-        origin = ", ".join(plan.torch_constraints)
+        origin = ", ".join([*plan.torch_constraints, *(f"{w} (built for one torch)" for w in built_for)])
         raise NoCompatibleStack(f"target {plan.name!r}: {exc.message} (the project requires {origin})",
                                 conflicts=exc.conflicts, fixes=exc.fixes, hint=exc.hint) from None
 

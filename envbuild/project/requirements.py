@@ -4,9 +4,10 @@ Sources: ``[project.dependencies]`` of a pyproject.toml, its chosen extras
 (``[project.optional-dependencies]``) and dependency groups (PEP 735
 ``[dependency-groups]``, ``{include-group = ...}`` followed), requirements files (``-r``
 includes relative to the including file, each file read once), and extra PEP 508 strings
-from the project file. Every requirement must name a package on an index: editable
-installs, local paths, VCS and other direct URLs, and pip options other than ``-r`` are
-refused, naming the file and line. torch, torchvision and torchaudio are set aside as
+from the project file. Every requirement names a package on an index, or is an https wheel
+(``name @ https://…/name-version-tags.whl``, envbuild/pylock/direct.py): editable installs,
+local paths, VCS, other direct URLs and pip options other than ``-r`` are refused, naming
+the file and line. torch, torchvision and torchaudio are set aside as
 constraints on the stack rather than dependencies.
 """
 
@@ -24,6 +25,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
+from envbuild.pylock.direct import direct_wheel
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
@@ -76,7 +78,8 @@ def check_requirement(text: str, where: Where) -> str:
     if lowered.startswith("file:") or text.startswith((".", "/", "~")):
         raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise usage(where, f"direct URL requirement {quoted(text)} is not allowed", _HINT_INDEX)
+        raise usage(where, f"direct URL requirement {quoted(text)} names no project",
+                    "write it as name @ https://…/name-version-tags.whl")
     if "@" not in text and lowered.endswith((".whl", ".tar.gz", ".zip")):
         raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if text.startswith("-"):
@@ -96,9 +99,10 @@ def check_requirement(text: str, where: Where) -> str:
                     "write a PEP 508 requirement, e.g. requests>=2.31") from None
     if requirement.url is not None:
         url = requirement.url.lower()
-        kind = ("VCS" if url.startswith(VCS_SCHEMES) else
-                "local path" if url.startswith("file:") else "direct URL")
-        raise usage(where, f"{kind} requirement {quoted(text)} is not allowed", _HINT_INDEX)
+        if url.startswith(VCS_SCHEMES) or url.startswith("file:"):
+            kind = "VCS" if url.startswith(VCS_SCHEMES) else "local path"
+            raise usage(where, f"{kind} requirement {quoted(text)} is not allowed", _HINT_INDEX)
+        direct_wheel(text, where)  # an https wheel for this project, or a UsageError saying why
     return text
 
 

@@ -2,8 +2,10 @@
 
 The file must satisfy PEP 751's reference reader (``packaging.pylock``) and, beyond it, only
 what envbuild installs is accepted: lock-version 1.0, packages with a name and a
-version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256.
-Source trees (``vcs``, ``directory``, ``archive``) are refused. Every problem is a
+version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256; an
+``archive`` only when it is a wheel at an https URL (a direct-URL wheel of the project:
+envbuild/pylock/direct.py), read as the package's one wheel. Source trees (``vcs``,
+``directory``) and other archives are refused. Every problem is a
 :class:`~envbuild.errors.UsageError` naming the field, as ``packages[3].wheels[0].hashes``.
 """
 
@@ -15,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from envbuild.confine import quoted, token
 from envbuild.errors import UsageError
@@ -23,7 +25,7 @@ from envbuild.project.toml import tomllib  # the one place that picks tomllib or
 
 LOCK_VERSION = "1.0"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-UNSUPPORTED_SOURCES = ("vcs", "directory", "archive")
+UNSUPPORTED_SOURCES = ("vcs", "directory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class PylockPackage:
     version: str
     wheels: tuple[PylockFile, ...]
     sdist: PylockFile | None
+    direct: bool = False  # its one wheel is a direct https URL (``archive``), on no index
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,8 @@ def _package(entry: Any, where: str) -> PylockPackage:
         if key in entry:
             raise UsageError(f"pylock: {where}.{key}: {token(name)} is a {key} source",
                              hint="envbuild installs wheels only")
+    if "archive" in entry:
+        return _archive(entry, name, version, where)
     wheels_raw = entry.get("wheels", [])
     if not isinstance(wheels_raw, list):
         raise UsageError(f"pylock: {where}.wheels: not an array of tables")
@@ -131,6 +136,24 @@ def _package(entry: Any, where: str) -> PylockPackage:
     if not wheels and sdist is None:
         raise UsageError(f"pylock: {where}: {token(name)} has no wheels and no sdist")
     return PylockPackage(name=canonicalize_name(name), version=version, wheels=wheels, sdist=sdist)
+
+
+def _archive(entry: dict[str, Any], name: str, version: str, where: str) -> PylockPackage:
+    """A direct-URL wheel: an https ``archive`` named like a wheel of ``name``, nothing else."""
+    if "wheels" in entry or "sdist" in entry:
+        raise UsageError(f"pylock: {where}: {token(name)} has an archive and other files")
+    wheel = _file(entry["archive"], f"{where}.archive")
+    if wheel.url is None or urlsplit(wheel.url).scheme != "https" or not wheel.filename.endswith(".whl"):
+        raise UsageError(f"pylock: {where}.archive: {token(name)} is not a wheel at an https URL",
+                         hint="envbuild installs wheels only; a direct URL must be an https wheel")
+    try:
+        wheel_name, _, _, _ = parse_wheel_filename(wheel.filename)
+    except InvalidWheelFilename:
+        raise UsageError(f"pylock: {where}.archive: {quoted(wheel.filename)} is not a wheel name") from None
+    if wheel_name != canonicalize_name(name):
+        raise UsageError(f"pylock: {where}.archive: {quoted(wheel.filename)} is not a wheel of {token(name)}")
+    return PylockPackage(name=canonicalize_name(name), version=version, wheels=(wheel,), sdist=None,
+                         direct=True)
 
 
 def _string(table: dict[str, Any], key: str, where: str) -> str:

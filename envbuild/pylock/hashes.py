@@ -65,8 +65,9 @@ def check_index_hashes(pylock: Pylock, index_of: Callable[[str], str], *, env: M
     """DataError unless every http(s) file of ``pylock`` is listed with its sha256 on the page
     of its package on index ``index_of(name)``. Files the page does not list came from
     elsewhere (a find-links page) and are let through."""
-    work = [p for p in pylock.packages
-            if any(not f.is_local for f in (*p.wheels, *([p.sdist] if p.sdist else [])))]
+    # A direct-URL wheel is on no index: uv hashed the file it fetched (and checked a #sha256=).
+    work = [p for p in pylock.packages if not p.direct
+            and any(not f.is_local for f in (*p.wheels, *([p.sdist] if p.sdist else [])))]
     work = [p for p in work if urlsplit(index_of(p.name)).scheme in ("http", "https")]
     if not work:
         return

@@ -46,9 +46,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
+from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import check_index_hashes
-from envbuild.pylock.install import glibc_minor, install_requirements, python_minor
+from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
@@ -163,9 +164,7 @@ def _checked(requirements: tuple[str, ...], what: str) -> tuple[str, ...]:
         except InvalidRequirement as exc:
             raise UsageError(f"{what}: {text!r} is not a PEP 508 requirement ({exc})") from exc
         if requirement.url:
-            raise UsageError(f"{what}: {text!r} is a direct URL, not a requirement on an index",
-                             hint="envbuild locks index packages by hash: publish the package to "
-                                  "an index or a find-links directory and require it by name")
+            direct_wheel(text, what)  # an https wheel: uv fetches and hashes it; else UsageError
     return requirements
 
 
@@ -223,6 +222,8 @@ def compile_closure(spec: ClosureSpec) -> Closure:
     uv = find_uv(spec.uv)
     glibc_minor(spec.glibc)
     python_minor(spec.python)
+    check_platform(direct_wheels(spec.dependencies), supported_tags(spec.python, spec.glibc),
+                   python=spec.python, platform=platform_tag(spec.glibc))
     default_index = spec.default_index or pipconfig.index_url(None, env)
     uv_env = uv_environment(env)
     deadline = time.monotonic() + spec.timeout
@@ -240,6 +241,10 @@ def compile_closure(spec: ClosureSpec) -> Closure:
         _run(command, work, uv_env, deadline, spec)
         text = (work / OUTPUT).read_text(encoding="utf-8")
         pylock = read_pylock(text)
+        if not spec.offline:
+            check_hashes(direct_wheels(spec.dependencies),
+                         {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
+                         lambda url: served_sha256(url, env))
         # The hash check (HTTP) and the torch-layer run (uv) are independent: run them together.
         with ThreadPoolExecutor(max_workers=1) as pool:
             checked = None if spec.offline else pool.submit(
