@@ -87,7 +87,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
 
     tag = check_tag(args.tag) if args.tag else None
     if args.push:
-        from envbuild.upstream.registry import parse_reference
+        from envbuild.registry.reference import parse_reference
 
         if parse_reference(args.push).digest is not None:
             raise UsageError(f"--push {args.push!r}: push to a tag, not a digest",
@@ -116,7 +116,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     out(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
         f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
     if args.push:
-        digest = _push(builder, client, result.tag, args.push)
+        digest = _push(builder, client, result.tag, args.push, env)
         repository = args.push.rpartition(":")[0] if _has_tag(args.push) else args.push
         report["pushed"] = {"ref": args.push, "digest": digest, "pinned": f"{repository}@{digest}"}
         out(f"pushed {report['pushed']['pinned']}")
@@ -184,13 +184,13 @@ def _builder(kind: str, env: Mapping[str, str], *, nocache: bool) -> tuple[Any, 
     return SdkBuilder(client=client, nocache=nocache), client
 
 
-def _push(builder: Any, client: Any, tag: str, ref: str) -> str:
+def _push(builder: Any, client: Any, tag: str, ref: str, env: Mapping[str, str]) -> str:
     from envbuild.engine.builders import BuildahBuilder
     from envbuild.engine.publish import push_docker
 
     if isinstance(builder, BuildahBuilder):
         return builder.push(tag, ref)
-    return push_docker(client, tag, ref, lambda text: _err(f"    {text}"))
+    return push_docker(client, tag, ref, lambda text: _err(f"    {text}"), env)
 
 
 def _check_report(path: str | None) -> None:
@@ -229,7 +229,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     warn_leftovers(client, warn)
     if "@sha256:" in args.image:
         from envbuild.engine.publish import pull_by_digest
-        from envbuild.upstream.registry import parse_reference
+        from envbuild.registry.reference import parse_reference
 
         parse_reference(args.image)
         pull_by_digest(client, args.image, lambda text: _err(f"    {text}"))
@@ -271,7 +271,7 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     """Tag REF@sha256:… as TAG in its registry, after a passing smoke test of that digest:
     the report named by --verified-report, else verify run here and now."""
     from envbuild.engine.publish import tag_digest
-    from envbuild.upstream.registry import parse_reference
+    from envbuild.registry.reference import parse_reference
 
     ref = parse_reference(args.image)
     if ref.digest is None:

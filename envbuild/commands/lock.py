@@ -223,7 +223,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
         warn(f"--offline: the base image stays the tag {lock.base_image} (recorded in the lock as "
              "base_offline); a registry may move it")
         return replace(lock, base_offline=True)
-    from envbuild.upstream.registry import image_digest, pinned
+    from envbuild.registry.digest import image_digest
+    from envbuild.registry.reference import pinned
 
     mirrors = {} if project is None else dict(project.registry_mirrors)
     digest = image_digest(lock.base_image, mirrors=mirrors, env=env)
