@@ -69,7 +69,11 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--verified-report", metavar="FILE",
                    help="a passing 'verify --report' of this very digest; without it promote "
                         "runs the smoke test itself first")
-    p.add_argument("--cpu-ok", action="store_true", help="as verify --cpu-ok")
+    p.add_argument("--cpu-ok", action="store_true",
+                   help="as verify --cpu-ok (needs --allow-cpu-report: a CPU run proves no GPU works)")
+    p.add_argument("--allow-cpu-report", action="store_true",
+                   help="accept a smoke test that ran without a GPU (verify --cpu-ok); by default "
+                        "promote takes only a run that used a GPU")
     p.add_argument("--gpus", default="all", metavar="all|N|none", help="as verify --gpus")
     p.set_defaults(run=cmd_promote)
 
@@ -277,8 +281,11 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     if ref.digest is None:
         raise UsageError(f"promote needs an image by digest, not {args.image!r}",
                          hint="REF@sha256:<64 hex>, as 'build --push' prints")
+    if args.cpu_ok and not args.allow_cpu_report:
+        raise UsageError("promote --cpu-ok would tag an image no GPU has run",
+                         hint="verify it on a GPU, or pass --allow-cpu-report as well")
     if args.verified_report:
-        _check_verified(Path(args.verified_report), ref.digest)
+        _check_verified(Path(args.verified_report), ref.digest, allow_cpu=args.allow_cpu_report)
     else:
         verify_args = argparse.Namespace(
             image=args.image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
@@ -291,7 +298,7 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     return 0
 
 
-def _check_verified(path: Path, digest: str) -> None:
+def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
     from envbuild.errors import SmokeFailed
 
     try:
@@ -307,6 +314,20 @@ def _check_verified(path: Path, digest: str) -> None:
     if record.get("exit_code") != 0:
         raise SmokeFailed(f"--verified-report {path}: the smoke test of {digest} did not pass",
                           hint="nothing was tagged")
+    if not allow_cpu and not _ran_on_a_gpu(data, record):
+        raise UsageError(f"--verified-report {path} is of a run without a GPU (verify --cpu-ok, or no "
+                         "GPU check passed): it proves nothing about the GPU",
+                         hint="verify the digest on a GPU machine, or pass --allow-cpu-report")
+
+
+def _ran_on_a_gpu(report: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+    """Not --cpu-ok, a GPU seen by torch, and at least one GPU check passed."""
+    torch = report.get("torch")
+    devices = torch.get("devices") if isinstance(torch, dict) else None
+    checks = report.get("checks")
+    passed = isinstance(checks, list) and any(
+        isinstance(c, dict) and c.get("gpu") is True and c.get("status") == "pass" for c in checks)
+    return record.get("cpu_ok") is not True and isinstance(devices, list) and bool(devices) and passed
 
 
 def cmd_clean(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
