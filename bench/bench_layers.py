@@ -108,7 +108,10 @@ def reproducible(work: Path, builder: str, scratch: Path) -> tuple[bool, list[st
     a, b = files_of(tags[0], scratch), files_of(tags[1], scratch)
     differing = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
     content = [p for p in differing if (a.get(p) or ("", 0))[0] != (b.get(p) or ("", 0))[0]]
-    shown = [f"{p} ({'content' if p in content else 'mtime'})" for p in differing[:15]]
+    # The files whose content differs first: those are what a builder's settings could still fix.
+    shown = [f"{p} (content)" for p in content[:15]] + [f"{p} (mtime)" for p in differing
+                                                        if p not in content][:max(0, 15 - len(content))]
+    shown.append(f"({len(content)} of them by content, {len(differing) - len(content)} by mtime only)")
     return False, shown, len(differing)
 
 
