@@ -154,8 +154,11 @@ def run(root: Path, skip_repro: bool, builders: tuple[str, ...]) -> dict[str, di
         images = subprocess.run(["docker", "images", "-q", "envbuild-bench/layers"], capture_output=True,
                                 text=True, check=False).stdout.split()
         subprocess.run(["docker", "rmi", "-f", *images], capture_output=True, check=False)
-        subprocess.run(["buildah", "rmi", "--all", "--force", "--filter", "reference=envbuild-bench/layers*"],
-                       capture_output=True, check=False)
+        named = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
+                               text=True, check=False).stdout.split()
+        ours = [n for n in named if "envbuild-bench/layers:" in n]  # this bench's tags only
+        if ours:
+            subprocess.run(["buildah", "rmi", *ours], capture_output=True, check=False)
     return results
 
 
