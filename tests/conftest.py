@@ -75,11 +75,13 @@ def registry_binary() -> str:
 
 
 @contextlib.contextmanager
-def run_registry(directory: Path, storage: Path, auth: str = "") -> Iterator[str]:
+def run_registry(directory: Path, storage: Path, auth: str = "",
+                 tls: tuple[Path, Path, Path] | None = None) -> Iterator[str]:
     """Debian's ``docker-registry`` (the distribution project's server) serving ``storage`` on a
     free 127.0.0.1 port over plain HTTP, its config and log in ``directory``; yields
     "127.0.0.1:PORT" once /v2/ answers. ``auth``: an ``auth:`` block of its config (YAML), else
-    anonymous."""
+    anonymous. ``tls``: (certificate, key, CA) files: it serves https instead."""
+    import ssl
     import subprocess
     import time
     import urllib.error
@@ -87,7 +89,13 @@ def run_registry(directory: Path, storage: Path, auth: str = "") -> Iterator[str
 
     binary = registry_binary()
     directory.mkdir(parents=True, exist_ok=True)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]
+    if tls is not None:
+        context = ssl.create_default_context(cafile=str(tls[2]))
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    scheme = "https" if tls is not None else "http"
+    served = "" if tls is None else f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n"
     log_path = directory / "registry.log"
     ready = False
     for _ in range(3):  # another process may take the port between the probe and the start
@@ -99,7 +107,7 @@ def run_registry(directory: Path, storage: Path, auth: str = "") -> Iterator[str
             "storage:\n"
             f"  filesystem:\n    rootdirectory: {storage}\n"
             "  delete:\n    enabled: true\n"
-            f"http:\n  addr: 127.0.0.1:{port}\n" + auth,
+            f"http:\n  addr: 127.0.0.1:{port}\n" + served + auth,
             encoding="utf-8")
         with log_path.open("ab") as log:
             process = subprocess.Popen([binary, "serve", str(config)], stdout=log,
@@ -107,7 +115,7 @@ def run_registry(directory: Path, storage: Path, auth: str = "") -> Iterator[str
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and process.poll() is None and not ready:
             try:
-                with opener.open(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                with opener.open(f"{scheme}://127.0.0.1:{port}/v2/", timeout=2):
                     ready = True
             except urllib.error.HTTPError as answer:
                 ready = answer.code == 401 and bool(auth)  # up, and asking for a token

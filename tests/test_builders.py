@@ -349,6 +349,34 @@ def test_promote_refuses_a_report_that_does_not_prove_this_digest_passed(
     assert text in capsys.readouterr().err
 
 
+GPU_RUN = {"torch": {"devices": [{"index": 0, "name": "NVIDIA A10"}]},
+           "checks": [{"name": "matmul_fp32", "gpu": True, "status": "pass"}]}
+CPU_RUN = {"torch": {}, "checks": [{"name": "torch_import", "gpu": False, "status": "pass"}]}
+
+
+@pytest.mark.parametrize("report, cpu_ok, allow, code", [
+    (CPU_RUN, True, False, 2),   # verify --cpu-ok: refused
+    (CPU_RUN, False, False, 2),  # no GPU seen, no GPU check passed: refused
+    ({**GPU_RUN, "checks": [{"gpu": True, "status": "skip"}]}, False, False, 2),
+    (CPU_RUN, True, True, 4),    # --allow-cpu-report: on to the registry (none at 127.0.0.1:1)
+    (GPU_RUN, False, False, 4),  # a GPU run: on to the registry
+])
+def test_promote_takes_only_a_report_of_a_gpu_run_unless_allowed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], report: dict[str, object], cpu_ok: bool,
+        allow: bool, code: int) -> None:
+    """docs/faults.md U7: a report of verify --cpu-ok (a CUDA image never run on a GPU) cannot
+    be promoted unless --allow-cpu-report says so."""
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**report, "envbuild.verify": {"digest": DIGEST, "exit_code": 0,
+                                                              "cpu_ok": cpu_ok}}))
+    argv = ["promote", f"127.0.0.1:1/x@{DIGEST}", "stable", "--verified-report", str(path)]
+    assert main(argv + (["--allow-cpu-report"] if allow else [])) == code
+    err = capsys.readouterr().err
+    assert ("--allow-cpu-report" in err) is (code == 2)
+    assert main(["promote", f"127.0.0.1:1/x@{DIGEST}", "stable", "--cpu-ok"]) == 2
+    assert "--allow-cpu-report" in capsys.readouterr().err
+
+
 def test_promote_wants_a_digest(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["promote", "127.0.0.1:1/x:candidate", "stable"]) == 2
     assert "promote needs an image by digest" in capsys.readouterr().err

@@ -384,3 +384,33 @@ def test_a_pyproject_is_a_project_when_toml_says_it_has_the_table(
     assert got == code, err
     assert message in err
     assert (tmp_path / "envbuild.lock").exists() is (code == 0)
+
+
+def test_no_registry_locks_the_whole_closure_and_says_the_base_is_unpinned(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/faults.md U9: where the package index answers and no image registry does, the digest
+    error names --no-registry; that locks the closure (uv reaching the index, unlike --offline,
+    whose empty uv cache cannot), records the base as unpinned, and render and --check say so."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    unreachable = f"127.0.0.1:{closed}/library/debian:bookworm"
+    monkeypatch.chdir(project(tmp_path, indexes))
+    text = (tmp_path / "envbuild.toml").read_text().replace(BASE, unreachable)
+    (tmp_path / "envbuild.toml").write_text(text)
+    code, _, err = run(capsys, env, "lock")
+    assert code == 4 and "lock --no-registry" in err and not (tmp_path / "envbuild.lock").exists()
+    code, _, err = run(capsys, env, "lock", "--offline")
+    assert code != 0 and not (tmp_path / "envbuild.lock").exists()  # uv's cache holds nothing yet
+    code, out, err = run(capsys, env, "lock", "--no-registry")
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert target["base_offline"] is True and target["base_image"] == unreachable
+    assert target["packages"]["six"] == "1.17.0" and "(a tag: unpinned)" in out
+    code, out, err = run(capsys, env, "lock", "--check")
+    assert code == 0 and "up to date" in out and "the base image" in err and "is unpinned" in err
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "image")
+    assert code == 0 and "is unpinned" in err

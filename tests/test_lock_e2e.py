@@ -1,8 +1,9 @@
 """The whole-environment lock on a real engine and a real registry: a sample project →
 ``init`` → ``lock`` (uv, the base image's digest from a loopback registry) → ``build`` →
 the image's installed set equal to the pylock → ``verify --cpu-ok``; one requirement added →
-``lock --check`` says stale → re-lock → the rebuild reuses the torch layer; two no-cache builds
-of one lock give the same files.
+``lock --check`` says stale → re-lock → the rebuild reuses the torch layer, byte for byte, with the
+classic builder (two stages: the CA bundle) and with buildah; two no-cache builds of one lock give
+the same files.
 
 torch 2.13.0+cpu comes from the ``$PIP_FIND_LINKS`` wheelhouse, served on 127.0.0.1 as the
 variant's index (PyTorch's own index is not reachable here); the project's small dependencies
@@ -149,6 +150,35 @@ def site_files(image: str) -> dict[str, str]:
     return dict(json.loads(_run(image, code)))
 
 
+def layer_dirs(client: Any, image: str) -> list[Path]:
+    """The overlay2 directories of the image's layers, oldest first, one per RootFS.Layers entry.
+    A layer shared by two images (the same layer on the same layers below) is one directory."""
+    inspect = client.inspect_image(image)
+    driver = inspect["GraphDriver"]
+    if driver["Name"] != "overlay2" or not os.access(driver["Data"]["UpperDir"], os.R_OK):
+        message = "the layer check reads the engine's overlay2 directories (as root)"
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    lower = driver["Data"].get("LowerDir")
+    dirs = [Path(d) for d in reversed(lower.split(":"))] if lower else []
+    dirs.append(Path(driver["Data"]["UpperDir"]))
+    assert len(dirs) == len(inspect["RootFS"]["Layers"])
+    return dirs
+
+
+def assert_torch_layer_kept(client: Any, before: str, after: str) -> None:
+    """docs/faults.md U11: the layer that holds torch is one and the same in both images (so are
+    those below it), and the added dependency lives in a later layer of its own."""
+    site = "opt/venv/lib/python3.11/site-packages"
+    old, new = layer_dirs(client, before), layer_dirs(client, after)
+    holding = [i for i, d in enumerate(old) if (d / site / "torch" / "__init__.py").is_file()]
+    assert len(holding) == 1, holding
+    index = holding[0]
+    assert new[:index + 1] == old[:index + 1] and len(new) > index + 1
+    assert any((d / site / "attrs").is_dir() for d in new[index + 1:])
+
+
 def build(project: Path, tag: str, *extra: str) -> dict[str, Any]:
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag,
             "--report", "report.json", *extra]
@@ -215,9 +245,47 @@ def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: 
         assert "torch.txt" not in ran, report["ran"]  # the torch layer came from the cache
         assert "project.txt" in ran, report["ran"]
         assert "attrs" in installed(client, "envbuild-test/locked:2")
+        assert_torch_layer_kept(client, TAG, "envbuild-test/locked:2")  # with --ca-bundle: classic's 2 stages
     finally:
         pyproject.write_text(text)
         assert envbuild("lock", cwd=project).returncode == 0
+
+
+def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, project: Path,
+                                                                  locked: dict[str, Any]) -> None:
+    """docs/faults.md U11 with buildah (BuildKit syntax, one stage, its layer cache): the image
+    built after adding a dependency holds the first image's torch layer, byte for byte."""
+    import shutil
+
+    if shutil.which("buildah") is None:
+        if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
+            pytest.fail("ENVBUILD_REQUIRE_DOCKER is set but there is no buildah")
+        pytest.skip("no buildah")
+    before = _buildah_images()
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text()
+    tags = ["envbuild-test/locked-buildah:1", "envbuild-test/locked-buildah:2"]
+    try:
+        build(project, tags[0], "--builder", "buildah")
+        pyproject.write_text(text.replace(f'"{DEPENDENCIES[-1]}"]', f'"{DEPENDENCIES[-1]}", "{ADDED}"]', 1))
+        assert envbuild("lock", cwd=project).returncode == 0
+        report = build(project, tags[1], "--builder", "buildah")
+        assert not any("torch.txt" in step for step in report["ran"]), report["ran"]
+        assert_torch_layer_kept(client, tags[0], tags[1])
+    finally:
+        pyproject.write_text(text)
+        assert envbuild("lock", cwd=project).returncode == 0
+        for tag in tags:
+            subprocess.run(["buildah", "rmi", tag], capture_output=True, check=False)
+        made = _buildah_images() - before
+        if made:
+            subprocess.run(["buildah", "rmi", "--force", *made], capture_output=True, check=False)
+
+
+def _buildah_images() -> set[str]:
+    done = subprocess.run(["buildah", "images", "--all", "--quiet", "--no-trunc"], capture_output=True,
+                          text=True, check=False)
+    return set(done.stdout.split())
 
 
 def test_two_no_cache_builds_give_the_same_files(client: Any, project: Path,

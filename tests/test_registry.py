@@ -196,21 +196,27 @@ def test_bad_mirrors_are_usage_errors(mirror: str) -> None:
         image_digest("ubuntu:22.04", env={}, mirrors={"docker.io": mirror})
 
 
-def test_loopback_registries_use_http_and_others_https() -> None:
-    assert registry.registry_url("127.0.0.1:5000") == "http://127.0.0.1:5000/v2"
-    assert registry.registry_url("127.3.2.1:5000") == "http://127.3.2.1:5000/v2"
-    assert registry.registry_url("localhost:5000") == "http://localhost:5000/v2"
-    assert registry.registry_url("[::1]:5000") == "http://[::1]:5000/v2"
-    assert registry.registry_url("10.0.0.1:5000") == "https://10.0.0.1:5000/v2"
-    assert registry.registry_url("localhost.example:5000") == "https://localhost.example:5000/v2"
-    assert registry.registry_url("docker.io") == "https://registry-1.docker.io/v2"
-    assert registry.registry_url("nvcr.io") == "https://nvcr.io/v2"
+def test_registries_are_tried_over_https_first_and_loopback_falls_back_to_http() -> None:
+    """As Docker does: https first; plain http only as the fallback for loopback registries, or
+    for a mirror written with http:// (then only http)."""
+    def bases(registry_name: str, mirrors: dict[str, str] | None = None) -> tuple[str, ...]:
+        return registry.endpoint(registry_name, mirrors or {}).bases
+
+    assert bases("127.0.0.1:5000") == ("https://127.0.0.1:5000/v2", "http://127.0.0.1:5000/v2")
+    assert bases("127.3.2.1:5000")[1] == "http://127.3.2.1:5000/v2"
+    assert bases("localhost:5000")[1] == "http://localhost:5000/v2"
+    assert bases("[::1]:5000")[1] == "http://[::1]:5000/v2"
+    assert bases("10.0.0.1:5000") == ("https://10.0.0.1:5000/v2",)
+    assert bases("localhost.example:5000") == ("https://localhost.example:5000/v2",)
+    assert bases("docker.io") == ("https://registry-1.docker.io/v2",)
+    assert bases("nvcr.io") == ("https://nvcr.io/v2",)
     mirrors = {"index.docker.io": "http://10.1.2.3:5000", "nvcr.io": "mirror.internal:5000/cache/",
                "ghcr.io": "127.0.0.1:6000"}
-    assert registry.registry_url("docker.io", mirrors) == "http://10.1.2.3:5000/v2"
-    assert registry.registry_url("nvcr.io", mirrors) == "https://mirror.internal:5000/cache/v2"
-    assert registry.registry_url("ghcr.io", mirrors) == "http://127.0.0.1:6000/v2"
-    assert registry.registry_url("quay.io", mirrors) == "https://quay.io/v2"
+    assert bases("docker.io", mirrors) == ("http://10.1.2.3:5000/v2",)
+    assert bases("nvcr.io", mirrors) == ("https://mirror.internal:5000/cache/v2",)
+    assert bases("ghcr.io", mirrors) == ("https://127.0.0.1:6000/v2", "http://127.0.0.1:6000/v2")
+    assert bases("quay.io", mirrors) == ("https://quay.io/v2",)
+    assert registry.registry_url("127.0.0.1:5000") == "https://127.0.0.1:5000/v2"
 
 
 def test_pinned_keeps_the_tag_and_the_lock_accepts_it() -> None:
@@ -306,7 +312,7 @@ def test_malformed_digest_header_is_exit_4(fake: FakeRegistry, header: str) -> N
     with pytest.raises(DataError, match="malformed digest") as caught:
         image_digest(f"{fake.host}/envbuild/bookworm:base", env={})
     assert caught.value.exit_code == 4
-    assert "--offline keeps the tag" in caught.value.hint
+    assert "lock --no-registry" in caught.value.hint
 
 
 def test_unknown_tag_is_no_such_image(fake: FakeRegistry) -> None:
@@ -314,7 +320,7 @@ def test_unknown_tag_is_no_such_image(fake: FakeRegistry) -> None:
     with pytest.raises(DataError, match="no such image or tag") as caught:
         image_digest(f"{fake.host}/envbuild/bookworm:gone", env={})
     assert caught.value.exit_code == 4
-    assert "--offline keeps the tag" in caught.value.one_line()
+    assert "lock --no-registry" in caught.value.one_line()
     fake.token = "t0k"  # behind the token flow too
     with pytest.raises(DataError, match="no such image or tag"):
         image_digest(f"{fake.host}/envbuild/nothing:1", env={})
@@ -382,7 +388,7 @@ def test_unreachable_registry_is_exit_4_with_the_offline_hint() -> None:
     assert time.monotonic() - started < 10
     line = caught.value.one_line()
     assert caught.value.exit_code == 4
-    assert f"127.0.0.1:{port}" in line and "--offline keeps the tag" in line
+    assert f"127.0.0.1:{port}" in line and "lock --no-registry" in line
     assert "\n" not in line
 
 
@@ -409,7 +415,7 @@ def test_a_stalled_registry_fails_within_the_timeout() -> None:
         with pytest.raises(DataError, match="did not answer in full within 1 s") as caught:
             image_digest(f"127.0.0.1:{port}/envbuild/bookworm:base", env={}, timeout=1)
         assert time.monotonic() - started < 3
-    assert "--offline keeps the tag" in caught.value.hint
+    assert "lock --no-registry" in caught.value.hint
 
 
 def test_redirects_to_another_origin_carry_no_authorization(fake: FakeRegistry) -> None:

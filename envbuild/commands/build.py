@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(commands: Any) -> None:
-    b = commands.add_parser("build", help="render a stack and build its image")
+    b = commands.add_parser("build", help="render a stack and build its image (a lock: every target's)")
     add_selectors(b)
     add_render_options(b)
     add_context_options(b)
@@ -44,7 +44,11 @@ def add_commands(commands: Any) -> None:
                    help="docker buildx, buildah or Docker's classic builder (auto: buildx if "
                         "installed, else classic when a daemon answers, else buildah)")
     g.add_argument("--push", metavar="REF",
-                   help="push the image to REF (registry/name:tag); prints and records its digest")
+                   help="push the image to REF (registry/name:tag); prints and records its digest "
+                        "(a lock's several targets: REF's tag gets -TARGET)")
+    g.add_argument("--json", action="store_true",
+                   help="print each target's image and registry digest as JSON (schema "
+                        "envbuild.build/1, docs/build.md); progress stays on stderr")
     b.set_defaults(run=cmd_build)
 
     v = commands.add_parser("verify", help="run an image's smoke test in a container")
@@ -69,7 +73,11 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--verified-report", metavar="FILE",
                    help="a passing 'verify --report' of this very digest; without it promote "
                         "runs the smoke test itself first")
-    p.add_argument("--cpu-ok", action="store_true", help="as verify --cpu-ok")
+    p.add_argument("--cpu-ok", action="store_true",
+                   help="as verify --cpu-ok (needs --allow-cpu-report: a CPU run proves no GPU works)")
+    p.add_argument("--allow-cpu-report", action="store_true",
+                   help="accept a smoke test that ran without a GPU (verify --cpu-ok); by default "
+                        "promote takes only a run that used a GPU")
     p.add_argument("--gpus", default="all", metavar="all|N|none", help="as verify --gpus")
     p.set_defaults(run=cmd_promote)
 
@@ -83,24 +91,60 @@ def _err(text: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    """Build one image, or one per target of a lock with several (``build_targets``)."""
+    from envbuild.commands import build_targets as bt
     from envbuild.commands.render import render_context
-    from envbuild.engine.build import build_image, check_tag, default_tag, short
+    from envbuild.engine.build import check_tag, default_tag
 
-    tag = check_tag(args.tag) if args.tag else None
+    if args.tag:
+        check_tag(args.tag)
     if args.push:
-        from envbuild.upstream.registry import parse_reference
+        from envbuild.registry.reference import parse_reference
 
         if parse_reference(args.push).digest is not None:
             raise UsageError(f"--push {args.push!r}: push to a tag, not a digest",
                              hint="registry/name:tag; the digest is printed after the push")
     _check_report(args.report)
     timestamp = _source_date_epoch(env)
-    lock, files = render_context(args, env)  # every input checked before a builder is sought
-    tag = tag or default_tag(lock)
+    names, several = bt.target_names(args)
+    # Every target's inputs are checked before a builder is sought.
+    rendered = {name: render_context(bt.for_target(args, name), env) for name in names}
     builder, client = _builder(args.builder, env, nocache=args.no_cache)
+    say = _err if args.json else out  # --json: stdout holds the document alone
+    entries, reports = [], []
+    for number, name in enumerate(names, 1):
+        lock, files = rendered[name]
+        tag = args.tag or default_tag(lock)
+        push = args.push
+        if several and name is not None:
+            tag, push = bt.with_target(tag, name), push and bt.with_target(push, name)
+            _err(f"== target {name} ({number}/{len(names)})")
+        report = _build_one(bt.for_target(args, name), env, builder, client, files, tag=tag, push=push,
+                            timestamp=timestamp, say=say)
+        reports.append(report)
+        entries.append(bt.entry(name, report["tag"], report["image_id"], builder.name, report.get("pushed")))
+    if args.report:
+        if len(names) == 1 and not several:
+            _write_report(args.report, reports[0], sort_keys=True)
+        else:
+            docs = [{**e, "build": r} for e, r in zip(entries, reports, strict=True)]
+            _write_report(args.report, bt.document(docs), sort_keys=True)
+    if args.json:
+        out(json.dumps(bt.document(entries), indent=2))
+    return 0
+
+
+def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, client: Any,
+               files: Mapping[str, Any], *, tag: str, push: str | None, timestamp: int | None,
+               say: Out) -> dict[str, Any]:
+    """One image: built from ``files`` (rendered again in BuildKit syntax for buildx and
+    buildah: the CA bundle a secret, a pip cache mount), pushed; its report."""
+    from envbuild.commands.render import render_context
+    from envbuild.engine.build import build_image, short
+
     buildkit = builder.name != "docker-sdk"
-    if buildkit:  # the same recipe in BuildKit syntax: the CA bundle a secret, a pip cache mount
-        lock, files = render_context(args, env, buildkit=True)
+    if buildkit:
+        files = render_context(args, env, buildkit=True)[1]
 
     def progress(event: BuildEvent) -> None:
         if event.kind == "step":
@@ -114,16 +158,14 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
                          on_interrupt=client.close if client is not None else lambda: None,
                          buildkit=buildkit, timestamp=timestamp if buildkit else None)
     report = result.to_json()
-    out(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
+    say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
         f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
-    if args.push:
-        digest = _push(builder, client, result.tag, args.push)
-        repository = args.push.rpartition(":")[0] if _has_tag(args.push) else args.push
-        report["pushed"] = {"ref": args.push, "digest": digest, "pinned": f"{repository}@{digest}"}
-        out(f"pushed {report['pushed']['pinned']}")
-    if args.report:
-        _write_report(args.report, report, sort_keys=True)
-    return 0
+    if push:
+        digest = _push(builder, client, result.tag, push, env)
+        repository = push.rpartition(":")[0] if _has_tag(push) else push
+        report["pushed"] = {"ref": push, "digest": digest, "pinned": f"{repository}@{digest}"}
+        say(f"pushed {report['pushed']['pinned']}")
+    return report
 
 
 def _has_tag(ref: str) -> bool:
@@ -185,13 +227,13 @@ def _builder(kind: str, env: Mapping[str, str], *, nocache: bool) -> tuple[Any, 
     return SdkBuilder(client=client, nocache=nocache), client
 
 
-def _push(builder: Any, client: Any, tag: str, ref: str) -> str:
+def _push(builder: Any, client: Any, tag: str, ref: str, env: Mapping[str, str]) -> str:
     from envbuild.engine.builders import BuildahBuilder
     from envbuild.engine.publish import push_docker
 
     if isinstance(builder, BuildahBuilder):
         return builder.push(tag, ref)
-    return push_docker(client, tag, ref, lambda text: _err(f"    {text}"))
+    return push_docker(client, tag, ref, lambda text: _err(f"    {text}"), env)
 
 
 def _check_report(path: str | None) -> None:
@@ -230,7 +272,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     warn_leftovers(client, warn)
     if "@sha256:" in args.image:
         from envbuild.engine.publish import pull_by_digest
-        from envbuild.upstream.registry import parse_reference
+        from envbuild.registry.reference import parse_reference
 
         parse_reference(args.image)
         pull_by_digest(client, args.image, lambda text: _err(f"    {text}"))
@@ -272,14 +314,17 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     """Tag REF@sha256:… as TAG in its registry, after a passing smoke test of that digest:
     the report named by --verified-report, else verify run here and now."""
     from envbuild.engine.publish import tag_digest
-    from envbuild.upstream.registry import parse_reference
+    from envbuild.registry.reference import parse_reference
 
     ref = parse_reference(args.image)
     if ref.digest is None:
         raise UsageError(f"promote needs an image by digest, not {args.image!r}",
                          hint="REF@sha256:<64 hex>, as 'build --push' prints")
+    if args.cpu_ok and not args.allow_cpu_report:
+        raise UsageError("promote --cpu-ok would tag an image no GPU has run",
+                         hint="verify it on a GPU, or pass --allow-cpu-report as well")
     if args.verified_report:
-        _check_verified(Path(args.verified_report), ref.digest)
+        _check_verified(Path(args.verified_report), ref.digest, allow_cpu=args.allow_cpu_report)
     else:
         verify_args = argparse.Namespace(
             image=args.image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
@@ -292,7 +337,7 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     return 0
 
 
-def _check_verified(path: Path, digest: str) -> None:
+def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
     from envbuild.errors import SmokeFailed
 
     try:
@@ -308,6 +353,20 @@ def _check_verified(path: Path, digest: str) -> None:
     if record.get("exit_code") != 0:
         raise SmokeFailed(f"--verified-report {path}: the smoke test of {digest} did not pass",
                           hint="nothing was tagged")
+    if not allow_cpu and not _ran_on_a_gpu(data, record):
+        raise UsageError(f"--verified-report {path} is of a run without a GPU (verify --cpu-ok, or no "
+                         "GPU check passed): it proves nothing about the GPU",
+                         hint="verify the digest on a GPU machine, or pass --allow-cpu-report")
+
+
+def _ran_on_a_gpu(report: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+    """Not --cpu-ok, a GPU seen by torch, and at least one GPU check passed."""
+    torch = report.get("torch")
+    devices = torch.get("devices") if isinstance(torch, dict) else None
+    checks = report.get("checks")
+    passed = isinstance(checks, list) and any(
+        isinstance(c, dict) and c.get("gpu") is True and c.get("status") == "pass" for c in checks)
+    return record.get("cpu_ok") is not True and isinstance(devices, list) and bool(devices) and passed
 
 
 def cmd_clean(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

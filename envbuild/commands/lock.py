@@ -1,7 +1,8 @@
 """``envbuild lock``: every target of the project (or of the flags) pinned, whole.
 
 For each target: the stack as ``resolve`` ranks it, the base image by digest (the registry is
-asked; ``--offline`` keeps the tag and says so), then every Python distribution the
+asked; ``--no-registry`` asks none and keeps the tag, recorded as unpinned, while uv still
+reaches the package index; ``--offline`` also keeps uv to its cache), then every Python distribution the
 environment will hold, resolved by uv for the stack's platform into a PEP 751 file beside the
 lock. ``--stack-only`` writes the old stack lock (torch and its pins only, nothing resolved
 beyond them). ``--check`` writes nothing and exits 11 when the lock is stale against the
@@ -49,8 +50,11 @@ def add_commands(commands: Any) -> None:
                         "current directory, if any)")
     p.add_argument("--no-project", action="store_true", help="ignore a project file in the current directory")
     p.add_argument("--offline", action="store_true",
-                   help="ask no registry: keep the base image's tag (recorded in the lock) and let uv "
-                        "use its cache only")
+                   help="nothing networked: ask no registry (keep the base image's tag, recorded in "
+                        "the lock) and let uv use its cache only")
+    p.add_argument("--no-registry", action="store_true",
+                   help="ask no image registry: the base image stays a tag, recorded as unpinned "
+                        "(render, build and --check say so); uv still reaches the package index")
     p.add_argument("--stack-only", action="store_true",
                    help="pin the stack and torch only (no closure: pip resolves the rest at build time)")
     p.add_argument("--check", action="store_true",
@@ -248,14 +252,17 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
 
 
 def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock) -> Lock:
-    """The base image by digest, from its registry; --offline keeps the tag and records that."""
+    """The base image by digest, from its registry; --no-registry (and --offline) keep the tag
+    and record that."""
     if lock.base_digest is not None:
         return lock
-    if args.offline:
-        warn(f"--offline: the base image stays the tag {lock.base_image} (recorded in the lock as "
-             "base_offline); a registry may move it")
+    if args.offline or args.no_registry:
+        flag = "--offline" if args.offline else "--no-registry"
+        warn(f"{flag}: the base image stays the tag {lock.base_image} (recorded in the lock as "
+             "base_offline: unpinned); a registry may move it")
         return replace(lock, base_offline=True)
-    from envbuild.upstream.registry import image_digest, pinned
+    from envbuild.registry.digest import image_digest
+    from envbuild.registry.reference import pinned
 
     mirrors = {} if project is None else dict(project.registry_mirrors)
     digest = image_digest(lock.base_image, mirrors=mirrors, env=env)
@@ -356,7 +363,7 @@ def _write(path: Path, lockset: LockSet, out: Out) -> None:
     _write_files(path, files.pop("envbuild.lock"), files)
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
-        base = lock.base_image if lock.base_digest else f"{lock.base_image} (tag, --offline)"
+        base = lock.base_image if lock.base_digest else f"{lock.base_image} (a tag: unpinned)"
         out(f"target {name}: torch {lock.stack.torch} ({lock.stack.variant}), Python {lock.stack.python}, "
             f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base}")
     out(f"wrote {path}")
@@ -406,6 +413,10 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         if locked.pylock is None:
             reasons.append(f"target {plan.name}: a stack-only lock (no closure)")
             continue
+        if locked.base_offline:
+            from envbuild.commands.render import unpinned_base
+
+            warn(unpinned_base(plan.name, locked.base_image))
         now = _target_lock(args, env, matrix, plan)
         found = _differences(locked, now, installer_choice(args, project))
         found += _closure_differences(locked, closure_inputs(_spec(args, env, matrix, project, plan, now)))

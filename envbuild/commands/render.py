@@ -101,11 +101,19 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     reject_image_options(args, kind="image")
     lockset = read_lockset(Path(args.lock))
     name, lock = lockset.select(args.target)
+    if lock.base_offline and not buildkit:  # said once: build renders twice for BuildKit builders
+        warn(unpinned_base(name, lock.base_image))
     # A closure's image carries a lock set of its own target; a stack-only lock stays as it was.
     carried = lockset.only(name).to_json() if lock.pylock is not None else None
     # Its local wheels come only from the lock's directory (the project's) or --wheelhouse.
     options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,))
     return lock, render_docker(lock, options, peaks=peaks_json(matrix), lockset_json=carried)
+
+
+def unpinned_base(target: str, image: str) -> str:
+    """The warning for a lock whose base image is a tag (``lock --no-registry`` or ``--offline``)."""
+    return (f"target {target}: the base image {image} is unpinned (a tag, locked without asking a "
+            "registry): a registry may move it; run 'envbuild lock' where the registry answers")
 
 
 def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:

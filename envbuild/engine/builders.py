@@ -323,16 +323,31 @@ class BuildahBuilder:
                               details=tuple(done.stderr.splitlines()[-LOG_TAIL:]))
 
     def push(self, tag: str, ref: str) -> str:
-        """``buildah push`` to a registry (plain HTTP for a loopback one); the manifest digest."""
+        """``buildah push`` to a registry; the manifest digest. The credentials Docker's client
+        configuration holds for the registry go in a private ``--authfile`` (never on argv), and
+        a loopback registry may answer over plain http (``--tls-verify=false``: https first)."""
+        from envbuild.engine.publish import push_failed
+        from envbuild.registry.credentials import credentials_for
+        from envbuild.registry.reference import parse_reference
+
+        registry = parse_reference(ref).registry
+        credentials = credentials_for(registry, self.env)
         with _workdir() as work:
             digest_file = work / "digest"
-            argv = [*self.base(), "push", "--digestfile", str(digest_file),
+            auth: list[str] = []
+            if credentials is not None:
+                authfile = work / "auth.json"
+                authfile.touch(mode=0o600)
+                authfile.write_bytes(credentials.authfile(registry))
+                auth = ["--authfile", str(authfile)]
+            argv = [*self.base(), "push", "--digestfile", str(digest_file), *auth,
                     *(["--tls-verify=false"] if _loopback(ref) else []), tag, f"docker://{ref}"]
             done = subprocess.run(argv, capture_output=True, text=True, env=dict(self.env),
                                   check=False)
             if done.returncode != 0:
-                raise BuildFailed(f"buildah push to {ref} failed",
-                                  details=tuple(done.stderr.splitlines()[-LOG_TAIL:]))
+                lines = done.stderr.strip().splitlines()
+                raise push_failed(ref, registry, lines[-1] if lines else "", via="buildah push") \
+                    .with_details(lines[-LOG_TAIL:])
             return digest_file.read_text(encoding="ascii").strip()
 
 

@@ -317,6 +317,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         # With BuildKit the bundle is a secret, a file of no layer: one stage, no copy of the venv.
         "build_stage": ("envbuild-build" if ca_bundle and not buildkit else
                         "envbuild-wheelhouse" if wheelhouse else None),
+        # A closure's project distributions above torch's, in a stage of their own when the CA
+        # bundle keeps the installs out of the image's stage (only their files are copied on).
+        "project_stage": "envbuild-project" if ca_bundle and not buildkit and project_requirements else None,
         "peaks": peaks,
         "python_provision": lock.python_provision,
         "pip_packages": sorted(lock.pip_packages),

@@ -233,13 +233,26 @@ class HttpClient:
         """HEAD, with ``get``'s retries, budget and redirect rules; the reply's body is empty."""
         return self._request("HEAD", url, headers, allow)
 
+    def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        data: bytes | None = None,
+        allow: frozenset[int] = frozenset(),
+    ) -> Reply:
+        """Any idempotent request (a registry's manifest PUT, a token POST) with ``get``'s
+        retries, budget and redirect rules; ``data`` is sent again on each try."""
+        return self._request(method, url, headers, allow, data)
+
     def _request(self, method: str, url: str, headers: Mapping[str, str] | None,
-                 allow: frozenset[int]) -> Reply:
+                 allow: frozenset[int], data: bytes | None = None) -> Reply:
         reason = ""
         with _Deadline(self.policy.total_timeout_s) as deadline:
             for attempt in range(self.policy.attempts):
                 try:
-                    return self._get_once(method, url, dict(headers or {}), allow, deadline)
+                    return self._get_once(method, url, dict(headers or {}), allow, deadline, data)
                 except _Retry as retry:
                     if deadline.expired or deadline.remaining() <= 0:
                         raise self._too_slow(url) from retry
@@ -264,9 +277,9 @@ class HttpClient:
         )
 
     def _get_once(self, method: str, url: str, headers: dict[str, str], allow: frozenset[int],
-                  deadline: _Deadline) -> Reply:
+                  deadline: _Deadline, data: bytes | None = None) -> Reply:
         for _ in range(self.policy.max_redirects + 1):
-            response = self._send(method, url, headers, deadline)
+            response = self._send(method, url, headers, deadline, data)
             with response:
                 if response.is_redirect:
                     target = urljoin(url, response.headers["Location"])
@@ -282,7 +295,7 @@ class HttpClient:
         raise DataError(f"too many redirects from {url}")
 
     def _send(self, method: str, url: str, headers: dict[str, str],
-              deadline: _Deadline) -> requests.Response:
+              deadline: _Deadline, data: bytes | None = None) -> requests.Response:
         self.requests_made += 1
         left = max(deadline.remaining(), 0.001)
         timeout = (min(self.policy.connect_timeout_s, left), min(self.policy.read_timeout_s, left))
@@ -291,6 +304,7 @@ class HttpClient:
                 method,
                 url,
                 headers=headers,
+                data=data,
                 timeout=timeout,
                 verify=self._verify,
                 allow_redirects=False,
