@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import schemas
 
 from envbuild.commands import build_targets as bt
 from envbuild.commands.cli import main
@@ -75,6 +76,7 @@ def test_every_target_is_built_tagged_and_pushed_and_named_in_the_json(
     out, err = capsys.readouterr()
     assert code == 0, err
     document = json.loads(out)  # stdout holds the document alone
+    schemas.check("build.schema.json", document)
     assert document["schema"] == bt.BUILD_SCHEMA == "envbuild.build/1"
     expected = []
     for name in ("a10", "h100"):

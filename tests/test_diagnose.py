@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schemas
 
 from envbuild.commands import cli
 from envbuild.diagnose import gpu, probe, report, session
@@ -208,6 +209,7 @@ def test_html_is_self_contained_and_draws_the_three_series() -> None:
     outside = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert [u for u in ("http://", "https://", "src=", "href=") if u in outside] == []
     assert json.loads(json.dumps(found))["schema"] == "envbuild.diagnose/1"
+    schemas.check("diagnose.schema.json", json.loads(json.dumps(found)))
 
 
 # --- the probe and /proc -------------------------------------------------------------------
@@ -359,6 +361,7 @@ def test_json_output_is_the_report_alone(tmp_path: Path) -> None:
                           env={"PATH": str(tmp_path), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["verdict"] == "not-on-gpu"
+    schemas.check("diagnose.schema.json", json.loads(done.stdout))
     assert "the job talks" in done.stderr
 
 

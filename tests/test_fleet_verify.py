@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import schemas
 from fleet_lock import IMAGE, write_lock
 
 from envbuild.commands.cli import main
@@ -176,6 +177,7 @@ def test_kubernetes_verify_through_a_stand_in_kubectl(capsys: pytest.CaptureFixt
     assert ["apply", "-f", "h100.job.yaml"] in calls and ["logs", "envbuild-fleet-h100-1"] in calls
     assert (tmp_path / "fleet" / "h100.job.yaml").is_file()
     saved = json.loads((tmp_path / "fleet" / "fleet-report.json").read_text())
+    schemas.check("fleet.schema.json", saved)
     assert saved["schema"] == "envbuild.fleet/1" and saved["engine"] == "kubernetes"
 
 
