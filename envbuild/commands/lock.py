@@ -21,6 +21,7 @@ from envbuild.commands.options import (
     add_render_options,
     add_selectors,
     load_matrix,
+    progress,
     resolve_lock,
     warn,
 )
@@ -28,6 +29,7 @@ from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
 from envbuild.project.model import INSTALLER_CHOICES
 
 if TYPE_CHECKING:
+    from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
     from envbuild.pylock.uv import ClosureSpec
@@ -64,6 +66,8 @@ def add_commands(commands: Any) -> None:
                    help="what the build installs the closure with (default: the project's "
                         "'installer', else uv: its wheel is pinned in the lock like the rest, "
                         "used by the build step and not kept in the image; pip: the image's own)")
+    p.add_argument("--json", action="store_true",
+                   help="print the targets and the files written as JSON (docs/schemas/lock.schema.json)")
     p.set_defaults(run=cmd_lock)
 
 
@@ -90,6 +94,8 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.stack_only and (args.upgrade or args.upgrade_package or args.find_links or args.check):
         raise UsageError("--stack-only locks no closure: --upgrade, --upgrade-package, --find-links "
                          "and --check need one")
+    if args.json and (args.check or args.stack_only):
+        raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
     project = _project(args)
     if args.stack_only:
         if project is not None:
@@ -101,7 +107,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.check:
         return _check(args, env, matrix, plans, project, path, out)
     lockset = _lock_all(args, env, matrix, plans, project, previous=_previous(path))
-    _write(path, lockset, out)
+    _write(path, lockset, out, as_json=args.json)
     return 0
 
 
@@ -230,16 +236,24 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, *, previous: LockSet | None) -> LockSet:
+    from envbuild.commands.lockview import Steps, base_text
     from envbuild.commands.render import warn_duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
     for plan in plans:
+        steps = Steps(target=plan.name)
+        steps.step("resolving the stack")
         lock = _target_lock(args, env, matrix, plan)
+        s = lock.stack
+        steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
+                   f"{lock.base_image.split('@', 1)[0]}")
         warn_duplicate_cuda(lock)
         lock = _pin_base(args, env, project, lock)
+        steps.step(f"base {base_text(lock)}; resolving the closure with uv")
         old = previous.targets.get(plan.name) if previous is not None else None
-        closed = _close(args, env, matrix, project, plan, lock, old, len(plans))
+        closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
+        steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
@@ -263,7 +277,7 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
-           plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
+           plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.lock import Installer, PylockRef, check_lock
@@ -275,6 +289,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
     closure = compile_closure(spec)
+    steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
@@ -351,14 +366,20 @@ def _installer_version(args: argparse.Namespace, project: Project | None, old: L
     return uv_version(find_uv(None))
 
 
-def _write(path: Path, lockset: LockSet, out: Out) -> None:
+def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> None:
+    from envbuild.commands.lockview import base_text, lock_json, on_disk
+
     files = lockset.files()
+    before = on_disk(path, files)
+    progress(f"lock: writing {path} and {len(files) - 1} pylock file{'s' if len(files) != 2 else ''}")
     _write_files(path, files.pop("envbuild.lock"), files)
+    if as_json:
+        out(lock_json(path, lockset, before))
+        return
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
-        base = lock.base_image if lock.base_digest else f"{lock.base_image} (tag, --offline)"
         out(f"target {name}: torch {lock.stack.torch} ({lock.stack.variant}), Python {lock.stack.python}, "
-            f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base}")
+            f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base_text(lock)}")
     out(f"wrote {path}")
 
 
