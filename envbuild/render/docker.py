@@ -247,7 +247,22 @@ def required_cuda(stack: Stack) -> str | None:
     return f"{stack.cuda.split('.')[0]}.0"
 
 
-def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, str]]:
+def custom_base(lock: Lock) -> bool:
+    """Whether the image is built on a --base-image (a mirror or another OS), not the stack's
+    own base: names compared without a digest, so the stack's base pinned by ``lock`` is its own."""
+    return lock.base_image.split("@", 1)[0] != lock.stack.base_image.split("@", 1)[0]
+
+
+def base_os(lock: Lock, found: str | None = None) -> str:
+    """The image's OS as labels and comments name it: the stack's Ubuntu under the stack's own
+    base; under a --base-image, what the build read from that image (``found``, its
+    os-release), else only the image's name, never an Ubuntu it may not be."""
+    if not custom_base(lock):
+        return f"Ubuntu {lock.stack.ubuntu}"
+    return found or f"base image {lock.base_image.split('@', 1)[0]}"
+
+
+def labels(lock: Lock, provenance: Provenance | None = None, found_os: str | None = None) -> list[tuple[str, str]]:
     """The image's labels, quoted: the OCI set and envbuild's own. A value that is not known
     is left out, never written empty. ``version`` is the packaged software's: torch's version
     and wheel variant (as PyTorch's own local versions, 2.4.1+cu121)."""
@@ -260,7 +275,7 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
         "org.opencontainers.image.revision": p.revision or "",
         "org.opencontainers.image.source": p.source or "",
         "org.opencontainers.image.description":
-            f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, Ubuntu {s.ubuntu}",
+            f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, {base_os(lock, found_os)}",
         "org.opencontainers.image.base.name": lock.base_image,
         "dev.envbuild.schema": "1" if lock.pylock is None else "2",  # the lock file the image carries
         "dev.envbuild.torch": s.torch,
@@ -271,7 +286,7 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
         "dev.envbuild.cuda": s.cuda or "",
         "dev.envbuild.cudnn": s.cudnn or "",
         "dev.envbuild.python": s.python,
-        "dev.envbuild.ubuntu": s.ubuntu,
+        "dev.envbuild.ubuntu": "" if custom_base(lock) else s.ubuntu,  # a --base-image's is unknown
         "dev.envbuild.flavor": lock.flavor,
         "dev.envbuild.compat": s.compat or "",
         "dev.envbuild.min-driver": s.min_driver or "",
@@ -300,6 +315,7 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
     return {
         "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
         "base_image": lock.base_image,
+        "os": base_os(lock),
         "base_kind": ("custom" if lock.base_image != s.base_image
                       else "cuda" if s.base_cuda is not None else "ubuntu"),
         "stack_base": s.base_image,
