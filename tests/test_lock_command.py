@@ -397,9 +397,11 @@ def test_lock_says_each_step_of_each_target_on_stderr_and_nothing_with_quiet(
     for name in ("a100", "cpu"):
         mine = [line for line in lines if line.startswith(f"lock {name}: ")]
         assert [line.split(": ", 1)[1].split(";")[0].split(" ")[0] for line in mine] == [
-            "resolving", "stack", "base", "3", "3"], mine
+            "resolving", "stack", "base", "resolving", "3", "3"], mine
         assert mine[1].startswith(f"lock {name}: stack torch 2.13.0 (cpu), Python 3.11; pinning the base")
-        assert mine[3].endswith("3 distributions resolved; checking hashes")
+        assert mine[3].startswith(f"lock {name}: resolving the closure with uv for x86_64-manylinux_2_")
+        assert mine[3].endswith("; the base image is checked against it at build time)")  # a Debian base
+        assert mine[4].endswith("3 distributions resolved; checking hashes")
     assert lines[-1] == "lock: writing envbuild.lock and 2 pylock files"
     assert "lock " not in out and "wrote envbuild.lock" in out  # results stay on stdout
     code, out, err = run(capsys, env, "-q", "lock")
@@ -421,7 +423,7 @@ def test_lock_overwrites_its_step_line_on_a_terminal(tmp_path: Path, indexes: st
     assert main(["lock"], env=env) == 0
     shown = terminal.getvalue()
     # every step rewrites the line; only the target's last step and the writing end one
-    assert shown.count("\r\x1b[K") == 5 and shown.count("\n") == 2, shown
+    assert shown.count("\r\x1b[K") == 6 and shown.count("\n") == 2, shown
     assert shown.split("\n")[0].endswith("lock default: 3 distributions, hashes checked")
 
 

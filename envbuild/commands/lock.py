@@ -250,7 +250,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
                    f"{lock.base_image.split('@', 1)[0]}")
         warn_duplicate_cuda(lock)
         lock = _pin_base(args, env, project, lock)
-        steps.step(f"base {base_text(lock)}; resolving the closure with uv")
+        steps.step(f"base {base_text(lock)}")
         old = previous.targets.get(plan.name) if previous is not None else None
         closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
         steps.done(f"{len(closed.packages)} distributions, hashes checked")
@@ -280,6 +280,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
            plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
     from envbuild.pylock.uv import compile_closure, platform_tag
+    from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
     from envbuild.render.lockset import pylock_name, sha256_text
 
@@ -288,6 +289,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
+    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
+               f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
