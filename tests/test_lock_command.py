@@ -425,6 +425,13 @@ def test_lock_overwrites_its_step_line_on_a_terminal(tmp_path: Path, indexes: st
     # every step rewrites the line; only the target's last step and the writing end one
     assert shown.count("\r\x1b[K") == 6 and shown.count("\n") == 2, shown
     assert shown.split("\n")[0].endswith("lock default: 3 distributions, hashes checked")
+    # a failure mid-line (uv finds no such package): the error starts a line of its own
+    project(tmp_path, indexes, deps='["no-such-package"]')
+    terminal.seek(0)
+    terminal.truncate()
+    assert main(["lock"], env=env) != 0
+    shown = terminal.getvalue()
+    assert "resolving the closure with uv" in shown and "\nenvbuild: error" in shown, shown
 
 
 def test_lock_json_matches_its_schema_and_says_what_changed(tmp_path: Path, indexes: str, env: dict[str, str],

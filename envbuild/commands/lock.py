@@ -237,23 +237,23 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, *, previous: LockSet | None) -> LockSet:
     from envbuild.commands.lockview import Steps, base_text
-    from envbuild.commands.render import warn_duplicate_cuda
+    from envbuild.render.lock import duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
     for plan in plans:
-        steps = Steps(target=plan.name)
-        steps.step("resolving the stack")
-        lock = _target_lock(args, env, matrix, plan)
-        s = lock.stack
-        steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
-                   f"{lock.base_image.split('@', 1)[0]}")
-        warn_duplicate_cuda(lock)
-        lock = _pin_base(args, env, project, lock)
-        steps.step(f"base {base_text(lock)}")
-        old = previous.targets.get(plan.name) if previous is not None else None
-        closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
-        steps.done(f"{len(closed.packages)} distributions, hashes checked")
+        with Steps(target=plan.name) as steps:
+            steps.step("resolving the stack")
+            lock = _target_lock(args, env, matrix, plan)
+            s = lock.stack
+            steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
+                       f"{lock.base_image.split('@', 1)[0]}")
+            steps.warn(duplicate_cuda(lock))
+            lock = _pin_base(args, env, project, lock, steps)
+            steps.step(f"base {base_text(lock)}")
+            old = previous.targets.get(plan.name) if previous is not None else None
+            closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
+            steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
@@ -261,13 +261,14 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
     return LockSet(targets=locks, project=ref)
 
 
-def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock) -> Lock:
+def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
+              steps: Steps) -> Lock:
     """The base image by digest, from its registry; --offline keeps the tag and records that."""
     if lock.base_digest is not None:
         return lock
     if args.offline:
-        warn(f"--offline: the base image stays the tag {lock.base_image} (recorded in the lock as "
-             "base_offline); a registry may move it")
+        steps.warn([f"--offline: the base image stays the tag {lock.base_image} (recorded in the lock as "
+                    "base_offline); a registry may move it"])
         return replace(lock, base_offline=True)
     from envbuild.upstream.registry import image_digest, pinned
 

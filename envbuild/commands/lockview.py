@@ -6,12 +6,12 @@ target and ``lock_json`` once the files are written; nothing here resolves or wr
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from envbuild.commands.options import VERBOSITY, progress
+from envbuild.commands.options import VERBOSITY, progress, warn
 
 if TYPE_CHECKING:
     from envbuild.render.lock import Lock
@@ -42,6 +42,21 @@ class Steps:
     def done(self, text: str) -> None:
         """The target's last line, kept on a terminal too."""
         self.step(text)
+        self._close()
+
+    def warn(self, messages: Iterable[str]) -> None:
+        """Warnings on lines of their own, after the step they came from."""
+        for message in messages:
+            self._close()
+            warn(message)
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close()  # an error's line starts on a line of its own
+
+    def _close(self) -> None:
         if self._open:
             self.stream.write("\n")
             self.stream.flush()
