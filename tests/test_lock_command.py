@@ -414,3 +414,81 @@ def test_no_registry_locks_the_whole_closure_and_says_the_base_is_unpinned(
     assert code == 0 and "up to date" in out and "the base image" in err and "is unpinned" in err
     code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "image")
     assert code == 0 and "is unpinned" in err
+
+
+def test_lock_says_each_step_of_each_target_on_stderr_and_nothing_with_quiet(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    targets = '\n[[targets]]\nname = "a100"\ndriver = "550"\n\n[[targets]]\nname = "cpu"\n'
+    monkeypatch.chdir(project(tmp_path, indexes, targets=targets))
+    code, out, err = run(capsys, env, "lock")
+    assert code == 0, err
+    lines = err.splitlines()
+    for name in ("a100", "cpu"):
+        mine = [line for line in lines if line.startswith(f"lock {name}: ")]
+        assert [line.split(": ", 1)[1].split(";")[0].split(" ")[0] for line in mine] == [
+            "resolving", "stack", "base", "resolving", "3", "3"], mine
+        assert mine[1].startswith(f"lock {name}: stack torch 2.13.0 (cpu), Python 3.11; pinning the base")
+        assert mine[3].startswith(f"lock {name}: resolving the closure with uv for x86_64-manylinux_2_")
+        assert mine[3].endswith("; the base image is checked against it at build time)")  # a Debian base
+        assert mine[4].endswith("3 distributions resolved; checking hashes")
+    assert lines[-1] == "lock: writing envbuild.lock and 2 pylock files"
+    assert "lock " not in out and "wrote envbuild.lock" in out  # results stay on stdout
+    code, out, err = run(capsys, env, "-q", "lock")
+    assert (code, err) == (0, "") and "wrote envbuild.lock" in out
+
+
+def test_lock_overwrites_its_step_line_on_a_terminal(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.chdir(project(tmp_path, indexes))
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(["lock"], env=env) == 0
+    shown = terminal.getvalue()
+    # every step rewrites the line; only the target's last step and the writing end one
+    assert shown.count("\r\x1b[K") == 6 and shown.count("\n") == 2, shown
+    assert shown.split("\n")[0].endswith("lock default: 3 distributions, hashes checked")
+    # a failure mid-line (uv finds no such package): the error starts a line of its own
+    project(tmp_path, indexes, deps='["no-such-package"]')
+    terminal.seek(0)
+    terminal.truncate()
+    assert main(["lock"], env=env) != 0
+    shown = terminal.getvalue()
+    assert "resolving the closure with uv" in shown and "\nenvbuild: error" in shown, shown
+
+
+def test_lock_json_matches_its_schema_and_says_what_changed(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parent.parent / "docs" / "schemas" /
+                         "lock.schema.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    monkeypatch.chdir(project(tmp_path, indexes))
+    code, out, err = run(capsys, env, "lock", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    validator.validate(first)
+    assert first["changed"] is True and all(f["changed"] for f in first["files"])
+    assert first["targets"] == [{"name": "default", "torch": "2.13.0", "variant": "cpu",
+                                 "python": "3.11", "base_image": BASE.split("@")[0],
+                                 "base_digest": BASE.split("@")[1], "base_pinned": True,
+                                 "distributions": 3, "pylock": "pylock.toml"}]
+    assert {f["path"]: f["sha256"] for f in first["files"]} == {
+        name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        for name in ("envbuild.lock", "pylock.toml")}
+    code, out, _ = run(capsys, env, "lock", "--json")
+    again = json.loads(out)
+    validator.validate(again)
+    assert again["changed"] is False and again["files"] == [{**f, "changed": False} for f in first["files"]]
+    with pytest.raises(jsonschema.ValidationError):  # the schema is not vacuous
+        validator.validate({**first, "targets": [{**first["targets"][0], "base_digest": "latest"}]})
+    code, _, err = run(capsys, env, "lock", "--json", "--check")
+    assert code == 2 and "--json" in err

@@ -359,3 +359,24 @@ def test_a_template_variable_the_context_lacks_is_an_internal_error_and_writes_n
     assert code == 1, err
     assert "error[internal]" in err and "UndefinedError" in err and "'python' is undefined" in err
     assert not out.exists()
+
+
+def test_labels_name_a_base_images_os_only_as_far_as_it_is_known(matrix: matrixmod.Matrix) -> None:
+    """The stack's own base is its Ubuntu (pinned by digest or not); a --base-image is named as
+    itself at render time (its OS is not known before a build reads it), never as an Ubuntu."""
+    stack = top(matrix, driver=d("550"), variant="cpu")
+    own = lockmod.make_lock(stack, matrix)
+    pinned = lockmod.make_lock(stack, matrix, base_image=f"{stack.base_image}@sha256:{'c' * 64}")
+    debian = lockmod.make_lock(stack, matrix, base_image=f"debian:bookworm@sha256:{'c' * 64}")
+    for lock in (own, pinned):
+        found = dict(render.labels(lock))  # the values quoted for the LABEL instruction
+        assert found["org.opencontainers.image.description"].endswith(f', Ubuntu {stack.ubuntu}"')
+        assert found["dev.envbuild.ubuntu"] == f'"{stack.ubuntu}"'
+    found = dict(render.labels(debian))
+    assert found["org.opencontainers.image.description"].endswith(', base image debian:bookworm"')
+    assert "dev.envbuild.ubuntu" not in found and "Ubuntu" not in " ".join(found.values())
+    assert render.base_os(debian, "Debian GNU/Linux 12 (bookworm)") == "Debian GNU/Linux 12 (bookworm)"
+    assert render.base_os(own, "Debian GNU/Linux 12 (bookworm)") == f"Ubuntu {stack.ubuntu}"
+    dockerfile = render.render_docker(debian, render.RenderOptions(base_image=debian.base_image))
+    first = bytes(dockerfile["Dockerfile"]).decode().split("\n")[0]  # type: ignore[arg-type]
+    assert first.endswith("Python 3.14, base image debian:bookworm).") and "Ubuntu" not in first

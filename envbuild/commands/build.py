@@ -21,10 +21,12 @@ from envbuild.commands.options import (
     progress,
     warn,
 )
-from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
+from envbuild.errors import BuildFailed, GpuRuntimeMissing, SmokeFailed, UsageError
 
 if TYPE_CHECKING:
+    from envbuild.engine.baseos import BaseOs
     from envbuild.engine.build import BuildEvent
+    from envbuild.render.lock import Lock
 
 
 def add_commands(commands: Any) -> None:
@@ -119,8 +121,8 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         if several and name is not None:
             tag, push = bt.with_target(tag, name), push and bt.with_target(push, name)
             _err(f"== target {name} ({number}/{len(names)})")
-        report = _build_one(bt.for_target(args, name), env, builder, client, files, tag=tag, push=push,
-                            timestamp=timestamp, say=say)
+        report = _build_one(bt.for_target(args, name), env, builder, client, lock, files, tag=tag,
+                            push=push, timestamp=timestamp, say=say)
         reports.append(report)
         entries.append(bt.entry(name, report["tag"], report["image_id"], builder.name, report.get("pushed")))
     if args.report:
@@ -135,7 +137,7 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
 
 
 def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, client: Any,
-               files: Mapping[str, Any], *, tag: str, push: str | None, timestamp: int | None,
+               lock: Lock, files: Mapping[str, Any], *, tag: str, push: str | None, timestamp: int | None,
                say: Out) -> dict[str, Any]:
     """One image: built from ``files`` (rendered again in BuildKit syntax for buildx and
     buildah: the CA bundle a secret, a pip cache mount), pushed; its report."""
@@ -143,8 +145,10 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
     from envbuild.engine.build import build_image, short
 
     buildkit = builder.name != "docker-sdk"
-    if buildkit:
-        files = render_context(args, env, buildkit=True)[1]
+    found = _base_os(lock, client)
+    if buildkit or found is not None:  # BuildKit syntax: the CA bundle a secret, a pip cache mount
+        lock, files = render_context(args, env, buildkit=buildkit,
+                                     base_os=None if found is None else found.name)
 
     def progress(event: BuildEvent) -> None:
         if event.kind == "step":
@@ -166,6 +170,36 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
         report["pushed"] = {"ref": push, "digest": digest, "pinned": f"{repository}@{digest}"}
         say(f"pushed {report['pushed']['pinned']}")
     return report
+
+
+def _base_os(lock: Lock, client: Any) -> BaseOs | None:
+    """A --base-image's own OS and glibc, when the engine holds the image; a closure locked for
+    a newer glibc than the base's stops here (its wheels would not install)."""
+    from envbuild.engine.baseos import read_base_os
+    from envbuild.render.docker import custom_base
+
+    if client is None or not custom_base(lock):
+        return None
+    found = read_base_os(client, lock.base_image)
+    if found is None:
+        return None
+    name = lock.base_image.split("@", 1)[0]
+    progress(f"base image {name}: {found.name}, glibc {found.glibc or 'none found'}")
+    if lock.pylock is None or found.glibc is None:
+        return found
+    from envbuild.pylock.files import read_pylock
+    from envbuild.pylock.install import unfit_wheels
+
+    unfit = unfit_wheels(read_pylock(lock.pylock.text), python=lock.stack.python,
+                         glibc=lock.pylock.glibc, runs_on=found.glibc)
+    if unfit:
+        raise BuildFailed(f"base image {name} has glibc {found.glibc}; the lock's closure, resolved for "
+                          f"glibc {lock.pylock.glibc} (Ubuntu {lock.stack.ubuntu}'s), installs wheels "
+                          f"that need a newer one: {', '.join(unfit[:3])}"
+                          + (f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""),
+                          hint="use a base image with a newer glibc, or a stack of an older --ubuntu, "
+                               "and lock again")
+    return found
 
 
 def _has_tag(ref: str) -> bool:

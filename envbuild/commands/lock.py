@@ -22,6 +22,7 @@ from envbuild.commands.options import (
     add_render_options,
     add_selectors,
     load_matrix,
+    progress,
     resolve_lock,
     warn,
 )
@@ -29,6 +30,7 @@ from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
 from envbuild.project.model import INSTALLER_CHOICES
 
 if TYPE_CHECKING:
+    from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
     from envbuild.pylock.uv import ClosureSpec
@@ -68,6 +70,8 @@ def add_commands(commands: Any) -> None:
                    help="what the build installs the closure with (default: the project's "
                         "'installer', else uv: its wheel is pinned in the lock like the rest, "
                         "used by the build step and not kept in the image; pip: the image's own)")
+    p.add_argument("--json", action="store_true",
+                   help="print the targets and the files written as JSON (docs/schemas/lock.schema.json)")
     p.set_defaults(run=cmd_lock)
 
 
@@ -94,6 +98,8 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.stack_only and (args.upgrade or args.upgrade_package or args.find_links or args.check):
         raise UsageError("--stack-only locks no closure: --upgrade, --upgrade-package, --find-links "
                          "and --check need one")
+    if args.json and (args.check or args.stack_only):
+        raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
     project = _project(args)
     if args.stack_only:
         if project is not None:
@@ -105,7 +111,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.check:
         return _check(args, env, matrix, plans, project, path, out)
     lockset = _lock_all(args, env, matrix, plans, project, previous=_previous(path))
-    _write(path, lockset, out)
+    _write(path, lockset, out, as_json=args.json)
     return 0
 
 
@@ -234,16 +240,24 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, *, previous: LockSet | None) -> LockSet:
-    from envbuild.commands.render import warn_duplicate_cuda
+    from envbuild.commands.lockview import Steps, base_text
+    from envbuild.render.lock import duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
     for plan in plans:
-        lock = _target_lock(args, env, matrix, plan)
-        warn_duplicate_cuda(lock)
-        lock = _pin_base(args, env, project, lock)
-        old = previous.targets.get(plan.name) if previous is not None else None
-        closed = _close(args, env, matrix, project, plan, lock, old, len(plans))
+        with Steps(target=plan.name) as steps:
+            steps.step("resolving the stack")
+            lock = _target_lock(args, env, matrix, plan)
+            s = lock.stack
+            steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
+                       f"{lock.base_image.split('@', 1)[0]}")
+            steps.warn(duplicate_cuda(lock))
+            lock = _pin_base(args, env, project, lock, steps)
+            steps.step(f"base {base_text(lock)}")
+            old = previous.targets.get(plan.name) if previous is not None else None
+            closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
+            steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
@@ -251,15 +265,16 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
     return LockSet(targets=locks, project=ref)
 
 
-def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock) -> Lock:
+def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
+              steps: Steps) -> Lock:
     """The base image by digest, from its registry; --no-registry (and --offline) keep the tag
     and record that."""
     if lock.base_digest is not None:
         return lock
     if args.offline or args.no_registry:
         flag = "--offline" if args.offline else "--no-registry"
-        warn(f"{flag}: the base image stays the tag {lock.base_image} (recorded in the lock as "
-             "base_offline: unpinned); a registry may move it")
+        steps.warn([f"{flag}: the base image stays the tag {lock.base_image} (recorded in the lock as "
+                    "base_offline: unpinned); a registry may move it"])
         return replace(lock, base_offline=True)
     from envbuild.registry.digest import image_digest
     from envbuild.registry.reference import pinned
@@ -270,9 +285,10 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
-           plan: _Plan, lock: Lock, old: Lock | None, targets: int) -> Lock:
+           plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
     from envbuild.pylock.uv import compile_closure, platform_tag
+    from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
     from envbuild.render.lockset import pylock_name, sha256_text
 
@@ -281,7 +297,10 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
+    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
+               f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec)
+    steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
@@ -358,14 +377,20 @@ def _installer_version(args: argparse.Namespace, project: Project | None, old: L
     return uv_version(find_uv(None))
 
 
-def _write(path: Path, lockset: LockSet, out: Out) -> None:
+def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> None:
+    from envbuild.commands.lockview import base_text, lock_json, on_disk
+
     files = lockset.files()
+    before = on_disk(path, files)
+    progress(f"lock: writing {path} and {len(files) - 1} pylock file{'s' if len(files) != 2 else ''}")
     _write_files(path, files.pop("envbuild.lock"), files)
+    if as_json:
+        out(lock_json(path, lockset, before))
+        return
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
-        base = lock.base_image if lock.base_digest else f"{lock.base_image} (a tag: unpinned)"
         out(f"target {name}: torch {lock.stack.torch} ({lock.stack.variant}), Python {lock.stack.python}, "
-            f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base}")
+            f"{len(lock.packages)} distributions in {lock.pylock.file}; base {base_text(lock)}")
     out(f"wrote {path}")
 
 

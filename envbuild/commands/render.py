@@ -82,9 +82,10 @@ def warn_duplicate_cuda(lock: Lock) -> None:
 
 
 def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
-                   buildkit: bool = False) -> tuple[Lock, dict[str, FileData]]:
+                   buildkit: bool = False, base_os: str | None = None) -> tuple[Lock, dict[str, FileData]]:
     """The lock (read or resolved) and the build context's files, for render docker and build;
-    ``buildkit``: in BuildKit syntax (build --builder buildx|buildah)."""
+    ``buildkit``: in BuildKit syntax (build --builder buildx|buildah); ``base_os``: what the
+    build read from a --base-image (its labels name it)."""
     from dataclasses import replace
 
     from envbuild.data.peaks import peaks_json
@@ -92,7 +93,7 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     from envbuild.render.lockset import read_lockset
 
     matrix = load_matrix(args, env)
-    options = replace(render_options(args, env), buildkit=buildkit)
+    options = replace(render_options(args, env), buildkit=buildkit, base_os=base_os)
     if not args.lock:
         if args.target:
             raise UsageError("--target selects a target of --lock FILE")

@@ -84,6 +84,18 @@ def best_wheel(package: PylockPackage, tags: list[Tag]) -> PylockFile | None:
     return None if best is None else best[2]
 
 
+def unfit_wheels(pylock: Pylock, *, python: str, glibc: str, runs_on: str) -> list[str]:
+    """``name version wheel`` of each package whose wheel, as picked for ``glibc`` (the lock's
+    platform), does not run on ``runs_on`` (a base image's older glibc), sorted."""
+    picked, fits = supported_tags(python, glibc), set(supported_tags(python, runs_on))
+    found = []
+    for package in sorted(pylock.packages, key=lambda p: p.name):
+        wheel = best_wheel(package, picked)
+        if wheel is not None and not fits & set(parse_wheel_filename(wheel.filename)[3]):
+            found.append(f"{token(package.name)} {token(package.version)} ({token(wheel.filename)})")
+    return found
+
+
 def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, glibc: str,
                          local_dir: str | None = None) -> str:
     """Hash-pinned requirement lines for the packages ``names`` (sorted by canonical name):

@@ -64,6 +64,8 @@ class RenderOptions:
     # BuildKit syntax (docker buildx, buildah): the CA bundle a build secret, pip's downloads a
     # cache mount. The classic builder reads neither.
     buildkit: bool = False
+    # A --base-image's OS as the build read it from the image (engine/baseos.py), for the labels.
+    base_os: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,7 +249,23 @@ def required_cuda(stack: Stack) -> str | None:
     return f"{stack.cuda.split('.')[0]}.0"
 
 
-def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, str]]:
+def custom_base(lock: Lock) -> bool:
+    """Whether the image is built on a --base-image (a mirror or another OS), not the stack's
+    own base: names compared without a digest, so the stack's base pinned by ``lock`` is its own."""
+    return lock.base_image.split("@", 1)[0] != lock.stack.base_image.split("@", 1)[0]
+
+
+def base_os(lock: Lock, found: str | None = None) -> str:
+    """The image's OS as labels and comments name it: the stack's Ubuntu under the stack's own
+    base; under a --base-image, what the build read from that image (``found``, its
+    os-release), else only the image's name, never an Ubuntu it may not be."""
+    if not custom_base(lock):
+        return f"Ubuntu {lock.stack.ubuntu}"
+    return found or f"base image {lock.base_image.split('@', 1)[0]}"
+
+
+def labels(lock: Lock, provenance: Provenance | None = None,
+           found_os: str | None = None) -> list[tuple[str, str]]:
     """The image's labels, quoted: the OCI set and envbuild's own. A value that is not known
     is left out, never written empty. ``version`` is the packaged software's: torch's version
     and wheel variant (as PyTorch's own local versions, 2.4.1+cu121)."""
@@ -260,7 +278,7 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
         "org.opencontainers.image.revision": p.revision or "",
         "org.opencontainers.image.source": p.source or "",
         "org.opencontainers.image.description":
-            f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, Ubuntu {s.ubuntu}",
+            f"PyTorch {s.torch} ({s.variant}) on Python {s.python}, {base_os(lock, found_os)}",
         "org.opencontainers.image.base.name": lock.base_image,
         "dev.envbuild.schema": "1" if lock.pylock is None else "2",  # the lock file the image carries
         "dev.envbuild.torch": s.torch,
@@ -271,7 +289,7 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
         "dev.envbuild.cuda": s.cuda or "",
         "dev.envbuild.cudnn": s.cudnn or "",
         "dev.envbuild.python": s.python,
-        "dev.envbuild.ubuntu": s.ubuntu,
+        "dev.envbuild.ubuntu": "" if custom_base(lock) else s.ubuntu,  # a --base-image's is unknown
         "dev.envbuild.flavor": lock.flavor,
         "dev.envbuild.compat": s.compat or "",
         "dev.envbuild.min-driver": s.min_driver or "",
@@ -286,7 +304,8 @@ def labels(lock: Lock, provenance: Provenance | None = None) -> list[tuple[str, 
 
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             peaks: bool = False, project_requirements: bool = False,
-            provenance: Provenance | None = None, buildkit: bool = False) -> dict[str, Any]:
+            provenance: Provenance | None = None, buildkit: bool = False,
+            found_os: str | None = None) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
     index_url = lock.index_url
@@ -300,11 +319,12 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
     return {
         "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
         "base_image": lock.base_image,
+        "os": base_os(lock, found_os),
         "base_kind": ("custom" if lock.base_image != s.base_image
                       else "cuda" if s.base_cuda is not None else "ubuntu"),
         "stack_base": s.base_image,
         "flavor_image": "devel" if lock.flavor == "devel" else "base",
-        "labels": labels(lock, provenance),
+        "labels": labels(lock, provenance, found_os),
         "require_cuda": required_cuda(s),
         "ca_bundle": ca_bundle,
         # Shell-quoted: a version's '~' (or anything else) is never expanded by the RUN's shell.
@@ -369,7 +389,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
-                provenance=options.provenance, buildkit=options.buildkit))
+                provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()

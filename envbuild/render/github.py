@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import DataError
 from envbuild.render.ci import CiOptions, CiStack, context_files
+from envbuild.render.docker import base_os
 
 if TYPE_CHECKING:
     from envbuild.fs import FileData
@@ -46,7 +47,7 @@ def matrix_json(stacks: Sequence[CiStack], options: CiOptions | None = None) -> 
         "id": s.id, "context": s.context, "gpu": s.gpu, "group": s.group,
         "torch": s.lock.stack.torch, "variant": s.lock.stack.variant,
         "cuda": s.lock.stack.cuda, "python": s.lock.stack.python,
-        "ubuntu": s.lock.stack.ubuntu, "flavor": s.lock.flavor,
+        "ubuntu": s.lock.stack.ubuntu, "os": base_os(s.lock), "flavor": s.lock.flavor,
     } | ({"runs_on": list(s.runs_on or ("self-hosted", *options.runner_labels))}
          if options is not None and options.lock is not None else {}) for s in stacks]
     return (json.dumps({"include": include}, indent=2, sort_keys=True) + "\n").encode("ascii")
@@ -108,7 +109,7 @@ def _metadata(options: CiOptions) -> dict[str, Any]:
     labels = [f"{k}={v}" for k, v in options.labels] + [
         "org.opencontainers.image.title=envbuild torch ${{ matrix.torch }} ${{ matrix.variant }}",
         "org.opencontainers.image.description=PyTorch ${{ matrix.torch }} (${{ matrix.variant }})"
-        " on Python ${{ matrix.python }}, Ubuntu ${{ matrix.ubuntu }}",
+        " on Python ${{ matrix.python }}, ${{ matrix.os }}",
         "org.opencontainers.image.version=${{ matrix.torch }}+${{ matrix.variant }}",
         "dev.envbuild.stack=${{ matrix.id }}"]
     return {"id": "meta", "name": "Tags and labels", "uses": _uses(options, METADATA), "with": {
