@@ -112,6 +112,13 @@ def test_cpu_ok_passes_with_every_gpu_check_skipped(cpu_ok_report: dict[str, Any
     assert "CPU-only" in checks["torch.cuda_build"]["message"]
 
 
+def test_cpu_ok_run_compiles_for_real(cpu_ok_report: dict[str, Any]) -> None:
+    """W1: tier 1 compiles with Inductor's C++ on this CPU (gcc and the Python headers are here)."""
+    check = by_name(cpu_ok_report)["torch.compile"]
+    assert check["status"] == "pass", check
+    assert check["message"].startswith("torch.compile (Inductor C++) on cpu matches eager")
+
+
 def test_report_matches_schema(cpu_ok_report: dict[str, Any]) -> None:
     report = cpu_ok_report
     assert report["schema"] == "envbuild.smoke/1"
