@@ -104,3 +104,24 @@ def test_cpu_figures_are_measured_for_real_and_judged() -> None:
     assert verdict.value["gpus"] == 0 and verdict.value["cores"] == 2
     assert verdict.status == balance.judge_balance(
         cpu={k: verdict.value[k] for k in REF}, cores=2, gpus=0).status
+
+
+def test_sourced_peaks_judge_a_cpu_speed_on_an_a100_as_implausible() -> None:
+    """W11: A100, V100, P100 rows from NVIDIA's A100 whitepaper, found by the names torch reports."""
+    from envbuild.data import matrix as matrixmod
+    from envbuild.data.peaks import peaks_table
+    from envbuild.smoke import numeric, proof
+
+    table = peaks_table(matrixmod.load(matrixmod.default_directory({})))
+    a100 = table["NVIDIA A100-SXM4-40GB"]
+    assert (a100["fp32_tflops"], a100["bf16_tflops"], a100["fp16_tflops"]) == (19.5, 312, 312)
+    assert a100["source"].endswith("nvidia-ampere-architecture-whitepaper.pdf")
+    assert table["Tesla V100"]["fp32_tflops"] == 15.7 and table["Tesla P100"]["fp16_tflops"] == 21.2
+    found = numeric.match_peak("NVIDIA A100-SXM4-80GB", table)  # what torch reports on an 80 GB board
+    assert found is not None and found[0] == "NVIDIA A100-SXM4-40GB"
+    cpu_like = proof.judge_tflops("bf16 matmul 0.4 TFLOPS", 0.4, found[1]["bf16_tflops"], {},
+                                  name="NVIDIA A100-SXM4-80GB", where="smoke_peaks.json",
+                                  warn_fraction=t2_speed.PEAK_FRACTION_WARN)
+    assert cpu_like.status == "fail" and "implausibly slow" in cpu_like.message
+    found = numeric.match_peak("Tesla P100-PCIE-16GB", table)
+    assert found is not None and found[0] == "Tesla P100"
