@@ -102,7 +102,7 @@ def add_render_options(p: argparse.ArgumentParser, *, host: bool = False) -> Non
                    help="install torch alone, without torchvision and torchaudio")
     g.add_argument("--no-compile-toolchain", dest="compile_toolchain", action="store_false",
                    help="leave out the C/C++ compiler and Python headers torch.compile needs "
-                        "(about 170 MB less on Debian bookworm; see docs/compile.md)")
+                        "(about 171 MB less on Debian bookworm; see docs/compile.md)")
 
 
 def add_context_options(p: argparse.ArgumentParser) -> None:
