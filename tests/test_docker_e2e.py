@@ -74,6 +74,9 @@ def cpu_image(client: Any, base_image: str) -> str:
     args = ["build", "--torch", "==2.13.0", "--variant", "cpu", "--python", "3.11",
             # No CPU build of torchvision/torchaudio is reachable from CI: torch alone.
             "--no-companions",
+            # W6: this image opts out of the compile toolchain (the locked image of test_lock_e2e
+            # carries it and compiles); its smoke test must say torch.compile cannot work here.
+            "--no-compile-toolchain",
             "--base-image", base_image, "--wheelhouse", wheelhouse, "--network", "host",
             "--tag", CPU_TAG]
     cert = os.environ.get("PIP_CERT")
@@ -92,9 +95,11 @@ def test_cpu_image_labels_record_the_stack(client: Any, cpu_image: str) -> None:
     assert labels["dev.envbuild.torch"] == "2.13.0"
     assert labels["dev.envbuild.variant"] == "cpu"
     assert labels["dev.envbuild.python"] == "3.11"
+    assert labels["dev.envbuild.compile-toolchain"] == "false"
     config = client.inspect_image(cpu_image)["Config"]
     assert config["User"] == "envbuild"
     assert "NVIDIA_VISIBLE_DEVICES=all" in config["Env"]
+    assert "ENVBUILD_COMPILE_TOOLCHAIN=0" in config["Env"]
 
 
 def test_verify_cpu_ok_runs_the_cpu_checks_for_real(client: Any, cpu_image: str,
@@ -113,6 +118,10 @@ def test_verify_cpu_ok_runs_the_cpu_checks_for_real(client: Any, cpu_image: str,
     assert status["cpu.selfcheck"]["status"] == "pass"  # matmul, conv and an SGD step, on the CPU
     assert status["lock"]["status"] == "pass"  # the image's torch is the lock's
     assert status["torch.cuda_build"]["status"] == "skip"  # accepted, never passed
+    # W6: built with --no-compile-toolchain, no compiler: torch.compile is reported, not passed
+    compiled = status["torch.compile"]
+    assert compiled["status"] == "warn", compiled
+    assert "missing a C++ compiler" in compiled["message"] and "opted out" in compiled["message"]
     assert not [c for c in report["checks"] if c["status"] == "fail"]
     assert ours(client) == []
 

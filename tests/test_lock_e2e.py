@@ -225,6 +225,9 @@ def test_the_image_holds_exactly_the_lock_and_verifies(client: Any, project: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["lock"]["status"] == "pass"
+    # W6: the image carries g++ and python3-dev by default: torch.compile compiles inside it
+    assert checks["torch.compile"]["status"] == "pass", checks["torch.compile"]
+    assert checks["torch.compile"]["message"].startswith("torch.compile (Inductor C++) on cpu matches eager")
 
 
 def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: Any, project: Path,

@@ -66,7 +66,8 @@ def baselines(matrix: matrixmod.Matrix) -> dict[str, str]:
                                 env=["KEY=x", "OTHER=1"], user="builder")
     standalone = _top(matrix, driver=DriverVersion.parse("550"),
                       python=parse_requirement("python", "3.12"), ubuntu="22.04")
-    alone = render.parse_options(python_url=PY_URL, python_sha256=SHA, companions=False)
+    alone = render.parse_options(python_url=PY_URL, python_sha256=SHA, companions=False,
+                                 compile_toolchain=False)
     closure = render.lock_for(default, matrix, dataclasses.replace(rich, pip_packages=()))
     packages = {**closure.packages, "requests": "2.32.3"}
     text = pylock_text(packages)
@@ -212,9 +213,10 @@ def test_baselines_hold_every_field(baselines: dict[str, str]) -> None:
     fields = {f.name for f in dataclasses.fields(lockmod.Lock)} | {"schema"}
     assert set().union(*docs) == fields
     empty: list[Any] = [None, [], {}, False, ""]
-    for name in fields - {"companions"}:
+    for name in fields - {"companions", "compile_toolchain"}:
         assert any(doc.get(name) not in empty for doc in docs), name
     assert any(doc.get("companions") is False for doc in docs)
+    assert any(doc.get("compile_toolchain") is False for doc in docs)
     for name in Stack.fields():
         assert any(doc["stack"][name] not in empty for doc in docs) or name == "notes", name
     for text in baselines.values():

@@ -32,6 +32,7 @@ from envbuild.smoke import (
     t2_speed,
 )
 from envbuild.smoke import report as results
+from envbuild.smoke.balance import judge_balance
 from envbuild.smoke.bundle import PACKAGE, payload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,9 +108,19 @@ def test_cpu_ok_passes_with_every_gpu_check_skipped(cpu_ok_report: dict[str, Any
     checks = by_name(cpu_ok_report)
     # The CPU-side checks ran for real.
     assert checks["cpu.selfcheck"]["status"] == "pass"
-    assert checks["dataloader.workers"]["status"] == "pass"
-    assert checks["dataloader.workers"]["value"]["items_per_s_n_workers"] > 0
+    balance = checks["host.balance"]  # W: judged on this host's measured figures, not load
+    value = balance["value"]
+    assert value["torch_dispatch_us"] > 0 and value["python_loop_us"] > 0 and value["gpus"] == 0
+    cpu = {k: value[k] for k in ("python_loop_us", "torch_dispatch_us")}
+    assert balance["status"] == judge_balance(cpu=cpu, cores=value["cores"], gpus=0).status
     assert "CPU-only" in checks["torch.cuda_build"]["message"]
+
+
+def test_cpu_ok_run_compiles_for_real(cpu_ok_report: dict[str, Any]) -> None:
+    """W1: tier 1 compiles with Inductor's C++ on this CPU (gcc and the Python headers are here)."""
+    check = by_name(cpu_ok_report)["torch.compile"]
+    assert check["status"] == "pass", check
+    assert check["message"].startswith("torch.compile (Inductor C++) on cpu matches eager")
 
 
 def test_report_matches_schema(cpu_ok_report: dict[str, Any]) -> None:

@@ -166,6 +166,7 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
     ns.env = [f"{k}={v}" for k, v in project.env] + list(args.env)
     ns.user = args.user if args.user != "envbuild" else project.user
     ns.companions = args.companions and project.companions
+    ns.compile_toolchain = args.compile_toolchain and project.compile_toolchain
     ns.pip_package = []  # the project's requirements go into the closure, not a pip step
     return ns
 
@@ -481,7 +482,8 @@ def _differences(locked: Lock, now: Lock, installer: str) -> list[str]:
         found.append("the matrices changed since it was locked")
     if now.base_image.split("@", 1)[0] != locked.base_image.split("@", 1)[0]:
         found.append(f"base image now {now.base_image}")
-    for field in ("apt_packages", "env", "user", "flavor", "index_url", "companions", "python_standalone"):
+    for field in ("apt_packages", "env", "user", "flavor", "index_url", "companions", "python_standalone",
+                  "compile_toolchain"):
         if getattr(now, field) != getattr(locked, field):
             found.append(f"{field} changed")
     assert locked.pylock is not None

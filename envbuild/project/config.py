@@ -34,8 +34,8 @@ FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
 TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
-IMAGE_KEYS = ("apt-packages", "env", "user", "base-image", "index-url", "torch-index-url",
-              "find-links", "registry-mirrors", "installer")
+IMAGE_KEYS = ("apt-packages", "compile-toolchain", "env", "user", "base-image", "index-url",
+              "torch-index-url", "find-links", "registry-mirrors", "installer")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
@@ -407,6 +407,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         ubuntu=reader.string(table, "ubuntu", []), variant=reader.string(table, "variant", []),
         flavor=reader.string(table, "flavor", []) or "runtime",
         companions=reader.boolean(table, "companions", [], True),
+        compile_toolchain=reader.boolean(table, "compile-toolchain", [], True),
         dependencies=dependencies, torch_constraints=torch_constraints,
         apt_packages=reader.strings(table, "apt-packages", []), env=tuple(env_pairs),
         user=reader.string(table, "user", []) or "envbuild",

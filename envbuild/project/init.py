@@ -104,6 +104,8 @@ def render_project(values: InitValues, *, pyproject_block: bool = False) -> str:
     _key(lines, "dependencies", None, "more requirements (PEP 508)", '["requests>=2.31"]')
     lines += ["", "# --- the image ---"]
     _key(lines, "apt-packages", None, "Debian packages installed in the image", '["git"]')
+    _key(lines, "compile-toolchain", None, "false: no g++ and Python headers, which torch.compile "
+         "needs (about 171 MB less)", "false")
     _key(lines, "user", None, "the image's unprivileged user", '"envbuild"')
     _key(lines, "base-image", None, "FROM this image instead (a mirror or private registry)",
          '"registry.example:5000/nvidia/cuda:12.4.1-runtime-ubuntu22.04"')

@@ -40,6 +40,7 @@ class Project:
     variant: str | None = None
     flavor: str = "runtime"
     companions: bool = True
+    compile_toolchain: bool = True  # compile-toolchain: what torch.compile needs at run time
     dependencies: tuple[str, ...] = ()
     torch_constraints: tuple[str, ...] = ()
     apt_packages: tuple[str, ...] = ()

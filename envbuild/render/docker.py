@@ -60,6 +60,8 @@ class RenderOptions:
     # --wheelhouse directory is one too): see pylock.install.local_wheels.
     wheel_roots: tuple[Path, ...] = ()
     companions: bool = True
+    # A C/C++ compiler and the Python headers in the image: torch.compile needs them at run time.
+    compile_toolchain: bool = True
     provenance: Provenance | None = None  # OCI created/revision/source labels, when known
     # BuildKit syntax (docker buildx, buildah): the CA bundle a build secret, pip's downloads a
     # cache mount. The classic builder reads neither.
@@ -122,6 +124,7 @@ def parse_options(
     wheelhouse: str | None = None,
     companions: bool = True,
     provenance: Provenance | None = None,
+    compile_toolchain: bool = True,
 ) -> RenderOptions:
     """Validate raw user strings into RenderOptions; UsageError names the bad field."""
     if (python_url is None) != (python_sha256 is None):
@@ -142,6 +145,7 @@ def parse_options(
         wheelhouse=() if wheelhouse is None else _wheels(wheelhouse),
         companions=companions,
         provenance=provenance,
+        compile_toolchain=compile_toolchain,
     )
 
 
@@ -190,7 +194,8 @@ def lock_for(stack: Stack, matrix: Matrix, options: RenderOptions) -> Lock:
     return make_lock(stack, matrix, base_image=options.base_image, index_url=options.index_url,
                      python_standalone=options.python_standalone,
                      apt_packages=options.apt_packages, pip_packages=options.pip_packages,
-                     env=options.env, user=options.user, companions=options.companions)
+                     env=options.env, user=options.user, companions=options.companions,
+                     compile_toolchain=options.compile_toolchain)
 
 
 def wheel_index(stack: Stack, index_url: str | None, package_index: str | None) -> str | None:
@@ -296,6 +301,8 @@ def labels(lock: Lock, provenance: Provenance | None = None,
         "dev.envbuild.arch-list": " ".join(s.arch_list),
         "dev.envbuild.index-url": lock.index_url or "",
         "dev.envbuild.matrices-digest": lock.matrices_digest,
+        # Only an opt-out is recorded: the smoke test reads ENVBUILD_COMPILE_TOOLCHAIN, people this.
+        "dev.envbuild.compile-toolchain": "" if lock.compile_toolchain else "false",
     }
     if lock.base_digest:
         values["org.opencontainers.image.base.digest"] = lock.base_digest
@@ -349,6 +356,7 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "pylock_file": None if lock.pylock is None else lock.pylock.file,
         "project_requirements": project_requirements,
         "buildkit": buildkit,
+        "compile_toolchain": lock.compile_toolchain,  # partials/compile_toolchain.j2
         "pip_cache": buildkit,  # partials/torch_install.j2: keep pip's cache (a cache mount)
         "ca_secret": CA_SECRET_PATH,
         "installer": None if lock.pylock is None or lock.pylock.installer is None

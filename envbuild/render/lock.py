@@ -19,6 +19,9 @@ Format (schema 1, JSON object, keys sorted):
   python_provision  "distro" (Ubuntu's python3 is the stack's Python) | "standalone" |
                     "base" (a --base-image's own python3, checked against the stack's at build time)
   companions        false when only torch is installed (--no-companions); absent = true
+  compile_toolchain false when the image (or host) goes without what torch.compile needs at run
+                    time, a C/C++ compiler and the Python headers (--no-compile-toolchain,
+                    ``compile-toolchain = false``); absent = true
   layers            optional: [{"name": "torch", "bytes": N, "source": "wheel sizes",
                     "wheels": {pin name: bytes}}], the torch install step's size estimated from
                     the wheel files' sizes (matrices/torch_wheels.yaml). Compressed wheel sizes:
@@ -174,6 +177,7 @@ class Lock:
     pylock: PylockRef | None = None
     base_offline: bool = False
     fleet: fleetmod.Placement | None = None
+    compile_toolchain: bool = True
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -198,6 +202,8 @@ class Lock:
         }
         if not self.companions:  # absent when true, so locks written before it read the same
             data["companions"] = False
+        if not self.compile_toolchain:  # absent when true, as companions
+            data["compile_toolchain"] = False
         if self.layers:  # absent when unknown, so locks written before it read the same
             data["layers"] = [layer.to_json() for layer in self.layers]
         if self.pylock is not None:
@@ -292,6 +298,7 @@ def make_lock(
     env: Sequence[tuple[str, str]] = (),
     user: str = "envbuild",
     companions: bool = True,
+    compile_toolchain: bool = True,
 ) -> Lock:
     """Validate the options and freeze them with ``stack`` (overrides win over the stack).
 
@@ -332,6 +339,7 @@ def make_lock(
         user=user,
         companions=companions,
         layers=layers(row, packages),
+        compile_toolchain=compile_toolchain,
     )
     check_lock(lock)
     return lock
@@ -544,7 +552,8 @@ def from_json(text: str) -> Lock:
 _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "base_digest",
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
-_OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet"})
+_OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
+                            "compile_toolchain"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -583,6 +592,9 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
     base_offline = data.get("base_offline", False)
     if not isinstance(base_offline, bool):
         raise UsageError("lock 'base_offline' must be true or false")
+    toolchain = data.get("compile_toolchain", True)
+    if not isinstance(toolchain, bool):
+        raise UsageError("lock 'compile_toolchain' must be true or false")
     return Lock(
         stack=Stack(**fields),
         packages={_str(k, "package name"): _str(v, f"package {quoted(k)} version")
@@ -605,6 +617,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         pylock=_pylock(data["pylock"]) if "pylock" in data else None,
         base_offline=base_offline,
         fleet=fleetmod.from_json(data["fleet"]) if "fleet" in data else None,
+        compile_toolchain=toolchain,
     )
 
 

@@ -16,6 +16,7 @@ from envbuild.errors import UsageError
 from envbuild.render.hostsetup import HostSetup, default_setup
 from envbuild.render.lock import Lock
 from envbuild.render.templates import environment, major_minor
+from envbuild.smoke.rules import COMPILE_TOOLCHAIN_ENV as COMPILE_OPT_OUT_ENV
 
 # Ubuntu release -> the directory of NVIDIA's network repository for it
 # (https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/).
@@ -109,8 +110,10 @@ def arrays(lock: Lock) -> list[tuple[str, list[str]]]:
     return [("TORCH_PINS", [_word(p) for p in pins]),
             ("APT_EXTRA", [_word(p) for p in sorted(lock.apt_packages)]),
             ("PIP_EXTRA", [_word(p) for p in sorted(lock.pip_packages)]),
-            # --env: exported in /etc/profile.d/envbuild-env.sh and to the smoke test.
-            ("ENV_PAIRS", [_word(f"{key}={value}") for key, value in lock.env])]
+            # --env: exported in /etc/profile.d/envbuild-env.sh and to the smoke test; with the
+            # compile toolchain left out, the variable an image records it with, for the same reader.
+            ("ENV_PAIRS", [_word(f"{key}={value}") for key, value in lock.env]
+             + ([] if lock.compile_toolchain else [_word(f"{COMPILE_OPT_OUT_ENV}=0")]))]
 
 
 def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = None) -> dict[str, Any]:
@@ -127,6 +130,7 @@ def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = Non
         "tarball": TARBALL, "download": "download", "pins": ['"${TORCH_PINS[@]}"'],
         "index_url": '"$INDEX_URL"' if lock.index_url is not None else None,
         "closure": lock.pylock is not None, "layers": list(layers),
+        "compile_toolchain": lock.compile_toolchain,  # partials/compile_toolchain.j2
     }
 
 

@@ -10,7 +10,7 @@ Tiers (``--tier N`` runs 0..N):
   T0 environment   driver, container GPU variables, torch build, CPUs, lock
   T1 correctness   GPU visible, arch coverage, kernels, matmul, cuDNN conv, optimizer
   T2 idle causes   matmul vs peak, host<->device bandwidth, launch latency,
-                   DataLoader workers, /dev/shm
+                   host balance (can this CPU feed these GPUs), /dev/shm
   T3 several GPUs  peer access, topology, NCCL all-reduce bus bandwidth
   T4 health        temperature, power, clocks, throttle reasons, ECC, MIG
 

@@ -38,6 +38,11 @@ NO_COVERAGE = "none"
 
 _DIGITS = frozenset("0123456789")
 
+# Set to "0" in an image (ENV) or a host's smoke environment built without what torch.compile
+# needs at run time (compile_toolchain false in the lock): the smoke test then reports a failed
+# compile as a warning, not a failure. Written by render/docker (the Dockerfile) and render/script.
+COMPILE_TOOLCHAIN_ENV = "ENVBUILD_COMPILE_TOOLCHAIN"
+
 
 def _ascii_digits(text: str, low: int, high: int) -> bool:
     """``low`` to ``high`` ASCII digits (``str.isdigit`` also takes other scripts' digits)."""

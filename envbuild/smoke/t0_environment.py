@@ -21,7 +21,7 @@ from .probes import (
     try_call,
     usable_cpus,
 )
-from .report import Outcome, fail, ok, skip, warn
+from .report import Outcome, fail, first_line, ok, skip, warn
 from .rules import is_wheel_variant
 from .runner import Run
 
@@ -58,6 +58,7 @@ def tier0(run: Run) -> None:
     # The driver probe needs no torch: it runs first and is never blocked.
     run.check("driver", 0, lambda: _check_driver(run), gpu=True, standalone=True)
     run.check("torch.import", 0, lambda: _check_torch_import(run))
+    run.check("torch.numpy", 0, lambda: check_numpy(run.torch))
     run.check("torch.cuda_build", 0, lambda: _check_cuda_build(run), gpu=True)
     run.check("container.gpu_env", 0, lambda: _check_gpu_env(run))
     run.check(
@@ -70,6 +71,24 @@ def tier0(run: Run) -> None:
     )
     if run.options.lock:
         run.check("lock", 0, lambda: _check_lock(run))
+
+
+def check_numpy(torch: object) -> Outcome:
+    """torch's numpy bridge (Tensor.numpy(), torch.from_numpy, DataLoader collation of numpy
+    arrays): without numpy torch only prints "Failed to initialize NumPy" on first use."""
+    if torch is None:
+        return skip("torch is not importable", hint="fix torch.import first")
+    try:
+        torch.zeros(2).numpy()  # type: ignore[attr-defined]
+    except Exception as exc:  # RuntimeError: Numpy is not available; an ABI mismatch says so too
+        return warn(
+            "torch's numpy bridge is missing: %s" % first_line(str(exc)),
+            None,
+            "pip install numpy (in a locked project: add numpy to its dependencies and re-lock); "
+            "Tensor.numpy(), torch.from_numpy and most data pipelines need it",
+        )
+    version = str(getattr(sys.modules.get("numpy"), "__version__", "?"))  # the bridge imported it
+    return ok("torch's numpy bridge works (numpy %s)" % version, {"numpy": version})
 
 
 def lock_variant(path: str, target: str | None = None) -> str:

@@ -10,6 +10,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from .arch import arch_coverage, arch_hint
+from .compiling import check_compile
 from .diagnose import diagnose_no_gpu
 from .gpu_count import judge_gpu_count
 from .numeric import compare_result
@@ -23,7 +24,7 @@ from .proof import (
     list_device_nodes,
 )
 from .report import Outcome, fail, ok, skip, warn
-from .runner import Run, bind, indices
+from .runner import BLOCK_SOURCES, Run, bind, indices
 
 # Matmul tolerances: max |got - ref| / max |ref|, ref in float64 from the same
 # (already rounded) inputs. Loose enough for TF32 and reduced-precision
@@ -46,6 +47,22 @@ def tier1(run: Run) -> None:
     run.check("gpu.dev_nodes", 1, lambda: _check_dev_nodes(run), gpu=True)
     run.check("gpu.libcuda", 1, lambda: judge_libcuda(read_text("/proc/self/maps")), gpu=True)
     run.check("cpu.selfcheck", 1, lambda: _check_cpu_selfcheck(run), heavy=True)
+    run.check("torch.compile", 1, lambda: _check_compile(run))
+
+
+def _check_compile(run: Run) -> Outcome:
+    """Triton on the first GPU once its first kernel ran there; Inductor's C++ on the CPU when
+    no GPU is expected (--cpu-ok); skipped when the GPU checks are blocked."""
+    if run.gpu_block is not None and not run.options.cpu_ok:
+        return skip("blocked: %s" % run.gpu_block, hint="fix %s first" % BLOCK_SOURCES.get(
+            run.gpu_block, "the first failure above"))
+    device = "cpu"
+    if run.devices and run.gpu_block is None:
+        kernel = next((c for c in run.checks if c.name == "gpu.kernel@cuda:0"), None)
+        if kernel is None or kernel.status != "pass":
+            return skip("blocked: gpu.kernel@cuda:0 did not pass", hint="fix gpu.kernel@cuda:0 first")
+        device = "cuda:0"
+    return check_compile(run.torch, device, run.env, run.options.timeout)
 
 
 def _matmul_on(dtype: str) -> Callable[[Run, int], Outcome]:

@@ -1,5 +1,5 @@
-"""T2 why GPUs idle: matmul vs peak, host<->device bandwidth, launch latency,
-DataLoader workers, /dev/shm."""
+"""T2 why GPUs idle: matmul vs peak, host<->device bandwidth, launch latency, whether the host
+can feed its GPUs (host balance), /dev/shm."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
+from .balance import judge_balance, measure_cpu
 from .numeric import match_peak
 from .proof import check_on_cuda, judge_tflops
-from .report import Outcome, fail, first_line, ok, skip, warn
+from .report import Outcome, fail, ok, skip, warn
 from .runner import Run, bind, indices
 from .t1_correctness import dtype_of, no_tf32
 
@@ -28,7 +29,7 @@ def tier2(run: Run) -> None:
             run.check(
                 "matmul.tflops.%s%s" % (dtype, suffix),
                 2,
-                bind(_tflops_on(dtype, peaks, peaks_path), run, index),
+                bind(proven(_tflops_on(dtype, peaks, peaks_path)), run, index),
                 gpu=True,
                 device=index,
                 heavy=True,
@@ -36,7 +37,7 @@ def tier2(run: Run) -> None:
         run.check(
             "h2d_d2h.bandwidth" + suffix,
             2,
-            bind(_check_bandwidth, run, index),
+            bind(proven(_check_bandwidth), run, index),
             gpu=True,
             device=index,
             heavy=True,
@@ -45,13 +46,40 @@ def tier2(run: Run) -> None:
     run.check(
         "launch.latency" + ("" if first is None else "@cuda:%d" % first),
         2,
-        bind(_check_latency, run, first),
+        bind(proven(_check_latency), run, first),
         gpu=True,
         device=first,
         heavy=True,
     )
-    run.check("dataloader.workers", 2, lambda: _check_dataloader(run), heavy=True)
+    run.check("host.balance", 2, lambda: _check_balance(run), heavy=True)
     run.check("shm.size", 2, lambda: check_shm(run.host.get("shm_bytes")))
+
+
+# The tier-1 checks that prove work ran on a GPU (proof.py): while one of them failed, a timing
+# is of whatever ran instead (a CPU behind a stub), and no timing check may pass.
+PROOFS = ("gpu.kernel@cuda:%d", "gpu.dev_nodes", "gpu.libcuda")
+
+
+def failed_proofs(run: Run, index: int) -> list[str]:
+    names = {name % index if "%" in name else name for name in PROOFS}
+    return [c.name for c in run.checks if c.name in names and c.status == "fail"]
+
+
+def proven(fn: Callable[[Run, int], Outcome]) -> Callable[[Run, int], Outcome]:
+    """``fn`` run only once the proofs of GPU work for its device have not failed."""
+
+    def check(run: Run, index: int) -> Outcome:
+        failed = failed_proofs(run, index)
+        if failed:
+            return skip(
+                "blocked: the proofs that work ran on the GPU failed (%s); a timing would time "
+                "something else" % ", ".join(failed),
+                {"failed_proofs": failed},
+                "fix %s first" % failed[0],
+            )
+        return fn(run, index)
+
+    return check
 
 
 def payload_dir() -> str:
@@ -144,6 +172,9 @@ def _check_bandwidth(run: Run, index: int) -> Outcome:
     nbytes = 64 << 20
     device = "cuda:%d" % index
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    elsewhere = check_on_cuda("device buffer", dev)
+    if elsewhere is not None:
+        return elsewhere
     pageable = torch.empty(nbytes, dtype=torch.uint8)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     result: dict[str, float] = {}
@@ -178,6 +209,9 @@ def _check_bandwidth(run: Run, index: int) -> Outcome:
 def _check_latency(run: Run, index: int) -> Outcome:
     torch = run.torch
     x = torch.zeros(1, device="cuda:%d" % index)
+    elsewhere = check_on_cuda("launch target", x)
+    if elsewhere is not None:
+        return elsewhere
     for _ in range(50):
         x.add_(1)
     torch.cuda.synchronize(index)
@@ -200,70 +234,21 @@ def _check_latency(run: Run, index: int) -> Outcome:
     return ok("%.1f us per small kernel launch (host dispatch + launch)" % micros, value)
 
 
-class SyntheticImages:
-    """A map-style dataset with per-item CPU work like decoding and augmenting an image.
-
-    Module-level and torch-free until __getitem__, so spawn/forkserver workers can load it.
-    """
-
-    def __init__(self, items: int, size: int = 64) -> None:
-        self.items = items
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.items
-
-    def __getitem__(self, index: int) -> Any:
-        import torch
-
-        gen = torch.Generator().manual_seed(index)
-        image = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=gen)
-        x = image.float().div_(255.0).unsqueeze(0)
-        for _ in range(4):  # stands in for decode + augmentation cost
-            x = torch.nn.functional.avg_pool2d(x, 3, stride=1, padding=1)
-        return x.squeeze(0).flip(-1)
-
-
-def measure_dataloader(torch: Any, workers: int, items: int = 384, batch: int = 32) -> float:
-    """Items per second through a DataLoader with ``workers`` worker processes."""
-    loader = torch.utils.data.DataLoader(
-        SyntheticImages(items), batch_size=batch, num_workers=workers, timeout=120 if workers else 0
-    )
-    start = time.perf_counter()
-    seen = 0
-    for batch_tensor in loader:
-        seen += int(batch_tensor.shape[0])
-    return seen / (time.perf_counter() - start)
-
-
-def _check_dataloader(run: Run) -> Outcome:
+def _check_balance(run: Run) -> Outcome:
+    """Can the host feed its GPUs at small batch sizes (balance.py)? CPU parts measured here;
+    bandwidth and launch latency taken from this tier's GPU checks when they passed."""
     torch = run.torch
     if torch is None:
         return skip("torch is not importable", hint="fix torch.import first")
-    workers = max(2, min(4, int(run.host.get("usable_cpus") or 2)))
-    try:
-        serial = measure_dataloader(torch, 0)
-        parallel = measure_dataloader(torch, workers)
-    except Exception as exc:
-        text = str(exc)
-        low = text.lower()
-        if any(k in low for k in ("shared memory", "bus error", "exited unexpectedly", "no space left")):
-            return fail(
-                "DataLoader workers crashed: %s" % first_line(text),
-                {"shm_bytes": run.host.get("shm_bytes")},
-                "workers pass batches through /dev/shm: run the container with --shm-size=8g or --ipc=host",
-            )
-        raise
-    value = {
-        "workers": workers,
-        "items_per_s_0_workers": round(serial, 1),
-        "items_per_s_n_workers": round(parallel, 1),
-        "speedup": round(parallel / serial, 2) if serial else None,
-    }
-    return ok(
-        "%.0f items/s with 0 workers, %.0f with %d workers (x%.2f)"
-        % (serial, parallel, workers, parallel / serial),
-        value,
+    gpus = len(run.devices) if run.gpu_block is None else 0
+    figures = {c.name.split("@")[0]: c.value for c in run.checks
+               if c.status in ("pass", "warn") and isinstance(c.value, dict)}
+    bandwidth = figures.get("h2d_d2h.bandwidth") or {}
+    latency = figures.get("launch.latency") or {}
+    return judge_balance(
+        cpu=measure_cpu(torch), cores=int(run.host.get("usable_cpus") or 1), gpus=gpus,
+        pinned_h2d_gbs=bandwidth.get("h2d_pinned_gbs"), pageable_h2d_gbs=bandwidth.get("h2d_pageable_gbs"),
+        launch_us=latency.get("microseconds_per_launch"),
     )
 
 

@@ -42,6 +42,7 @@ readonly -a TORCH_PINS=(torch==2.14.1+cpu torchvision==0.29.1+cpu)
 readonly -a APT_EXTRA=(git)
 readonly -a PIP_EXTRA=(numpy==1.26.4 pillow)
 readonly -a ENV_PAIRS=()
+readonly -a COMPILE_PACKAGES=(g++)
 # --- end of the stack ---
 
 readonly PREFIX=/opt/envbuild
@@ -641,7 +642,7 @@ plan() {
   elif ! venv_ready; then
     command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
   fi
-  for package in "${APT_EXTRA[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
+  for package in "${APT_EXTRA[@]}" "${COMPILE_PACKAGES[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
   ((${#APT_NEEDED[@]} == 0)) || PLAN=("apt-get install ${APT_NEEDED[*]}" "${PLAN[@]}")
   venv_ready || PLAN+=("create the venv $VENV (Python $PYTHON_VERSION, $PYTHON_PROVISION)")
   COMPAT_ACTIVATE=0

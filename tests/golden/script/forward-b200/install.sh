@@ -40,6 +40,7 @@ readonly -a TORCH_PINS=(torch==2.15.0+cu132 torchvision==0.29.2+cu132)
 readonly -a APT_EXTRA=()
 readonly -a PIP_EXTRA=()
 readonly -a ENV_PAIRS=()
+readonly -a COMPILE_PACKAGES=(g++ python3-dev)
 # --- end of the stack ---
 
 readonly PREFIX=/opt/envbuild
@@ -639,7 +640,7 @@ plan() {
   elif ! venv_ready; then
     command -v curl >/dev/null 2>&1 || APT_NEEDED+=(curl ca-certificates)
   fi
-  for package in "${APT_EXTRA[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
+  for package in "${APT_EXTRA[@]}" "${COMPILE_PACKAGES[@]}"; do installed "${package%%=*}" || APT_NEEDED+=("$package"); done
   ((${#APT_NEEDED[@]} == 0)) || PLAN=("apt-get install ${APT_NEEDED[*]}" "${PLAN[@]}")
   venv_ready || PLAN+=("create the venv $VENV (Python $PYTHON_VERSION, $PYTHON_PROVISION)")
   COMPAT_ACTIVATE=0
