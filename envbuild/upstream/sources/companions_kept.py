@@ -33,9 +33,13 @@ def wheel_cited(row: Row, project: str, prefix: str) -> tuple[str, str | None] |
 
 
 def recorded_fact(row: Row, project: str, prefix: str) -> tuple[CompanionFact, str | None] | None:
-    """The recorded ``project`` release of one torch_companions row (an exact pin of its torch)."""
+    """The recorded ``project`` release of one torch_companions row (an exact pin of its torch).
+    A hand-sourced row (its source is not the index) may cite no wheel of it: the version
+    stands as recorded, since the refresh keeps that row as it is."""
     version = row.get(project)
     cited = wheel_cited(row, project, prefix)
+    if cited is None and not str(row.get("source", prefix)).startswith(prefix):
+        cited = ("", None)
     if version is None or cited is None:
         return None
     torch = str(row["torch"])
