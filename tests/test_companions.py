@@ -390,6 +390,12 @@ def test_refresh_derives_the_sourced_pairs_from_each_wheels_build_and_upload_tim
     assert rows["2.15.0"]["note"].startswith(
         "torchvision 0.29.2 requires torch>=2.14.0 without an exact pin: paired with torch 2.15.0 by its "
         "build: its wheel's version.py reads 0.29.2+cu132, the build of torch 2.15.0's default wheel (cu132)")
+    # The CPython versions of each companion's Linux wheels come from the file lists, with their source.
+    assert (rows["2.14.1"]["torchvision_python"], "torchaudio_python" in rows["2.14.1"]) == (["3.11"], False)
+    assert rows["2.14.1"]["note"].endswith(
+        "torchvision_python/torchaudio_python: the CPython versions (cpXY-cpXY tags) of the Linux x86_64 "
+        "wheels of torchvision 0.29.1 in the index's file lists (pip-index:///simple/torchvision/, "
+        "pip-index:///simple/torchaudio/), read 2026-11-25")
     assert "reads 0.29.1+cu130" in rows["2.14.1"]["note"]
     assert "8 minutes after torch 2.14.1's" in rows["2.14.1"]["note"]
     # torchaudio 2.14.0 bounds torch above as well: the rule does not read it, the note names it.

@@ -74,6 +74,7 @@ class CompanionFact:
     filename: str
     metadata_bytes: int
     upload_time: str | None = None
+    python: tuple[str, ...] = ()  # CPython versions of its Linux x86_64 wheels (none: stable ABI only)
     build: str | None = None
     built_for: str | None = None
     evidence: str | None = None
@@ -211,6 +212,7 @@ def companion_facts(
                 filename=read.wheel.filename,
                 metadata_bytes=read.bytes_transferred,
                 upload_time=wheel.upload_time,
+                python=_pythons([w for w in wheels if is_linux_x86_64_cpython(w)], free_threaded=False),
                 build=build_of(wheel) if build_of and torch is None else None,
             )
         )

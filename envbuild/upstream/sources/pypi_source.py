@@ -232,16 +232,27 @@ def companion_row(row: CompanionRow, retrieved: str, notes: Sequence[str],
         "torch": row.torch,
         "torchvision": _version(row.torchvision),
         "torchaudio": _version(row.torchaudio),
-        "source": source_uri(first.project, first.filename, digests),
-        "retrieved": retrieved,
     }
+    read = [fact for fact in (row.torchvision, row.torchaudio) if fact and fact.python]
+    out.update({f"{fact.project}_python": list(fact.python) for fact in read})
+    out.update(source=source_uri(first.project, first.filename, digests), retrieved=retrieved)
     notes = list(notes)
+    if read:
+        notes.append(python_note(read, retrieved))
     if row.torchvision and row.torchaudio and row.torchaudio.filename:
         audio = source_uri(row.torchaudio.project, row.torchaudio.filename)
         notes.insert(0, f"torchaudio pin read from {audio}")
     if notes:
         out["note"] = "; ".join(notes)
     return out
+
+
+def python_note(read: Sequence[CompanionFact], retrieved: str) -> str:
+    """Where ``torchvision_python`` / ``torchaudio_python`` come from."""
+    releases = " and ".join(f"{fact.project} {fact.version}" for fact in read)
+    lists = ", ".join(f"{PREFIX}simple/{project}/" for project in ("torchvision", "torchaudio"))
+    return (f"torchvision_python/torchaudio_python: the CPython versions (cpXY-cpXY tags) of the Linux "
+            f"x86_64 wheels of {releases} in the index's file lists ({lists}), read {retrieved}")
 
 
 def _version(fact: CompanionFact | None) -> str | None:
