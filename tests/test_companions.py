@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import io
 import json
 import os
+import re
 import shutil
 import ssl
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +32,7 @@ from envbuild.errors import DataError
 from envbuild.resolver.checks import companions_missing
 from envbuild.resolver.resolve import resolve
 from envbuild.resolver.selection import Selectors, build_request
-from envbuild.upstream import refresh, torch_facts
+from envbuild.upstream import companion_builds, refresh, torch_facts
 from envbuild.upstream.http_client import HttpPolicy
 from envbuild.upstream.sources import pypi_source
 from envbuild.upstream.torch_facts import CompanionFact, PypiFacts
@@ -153,6 +156,72 @@ def test_no_row_when_no_companion_release_was_read() -> None:
     assert pypi_source.build_documents(facts, "2026-11-24")["torch_companions"]["rows"] == []
 
 
+# --- the build rule (companion_builds) ---------------------------------------------------------
+
+
+def built(project: str, version: str, requirement: str | None, build: str | None,
+          uploaded: str | None) -> CompanionFact:
+    return replace(fact(project, version, requirement), build=build, upload_time=uploaded)
+
+
+def released(version: str, variant: str, uploaded: str | None) -> torch_facts.TorchWheelFact:
+    return replace(torch_fact(version), default_variant=variant, upload_time=uploaded)
+
+
+RELEASED = (released("2.11.0", "cu130", "2026-03-23T18:10:03.569566Z"),
+            released("2.14.0", "cu130", "2026-09-02T13:44:10Z"),
+            released("2.14.1", "cu130", "2026-09-30T17:49:10.777596Z"),
+            released("2.15.0", "cu132", "2026-10-28T15:17:10Z"))
+BUILT = (fact("torchvision", "0.29.0", "==2.14.0"),
+         built("torchvision", "0.29.1", ">=2.14.0", "0.29.1+cu130", "2026-09-30T17:57:14.126831Z"),
+         built("torchvision", "0.29.2", ">=2.14.0", "0.29.2+cu132", "2026-10-28T15:21:34Z"))
+
+
+def test_a_companions_build_and_upload_time_tie_it_to_one_torch() -> None:
+    """docs/faults.md S12: the CUDA of the build (version.py) and the upload time next to torch's
+    pair 0.29.1 with 2.14.1 and 0.29.2 with 2.15.0, where the lower-bound rule could not tell."""
+    vision = companion_builds.place(BUILT, RELEASED)
+    audio = companion_builds.place(
+        (built("torchaudio", "2.11.0", None, "2.11.0+cu130", "2026-03-23T18:13:37.963527Z"),), RELEASED)
+    assert [f.built_for for f in vision] == [None, "2.14.1", "2.15.0"]
+    table = torch_facts.companions_table([r.torch for r in RELEASED], vision, audio)
+    assert paired(table) == [("2.11.0", None, "2.11.0"), ("2.14.0", "0.29.0", None),
+                             ("2.14.1", "0.29.1", None), ("2.15.0", "0.29.2", None)]
+    assert vision[2].evidence == (
+        "its wheel's version.py reads 0.29.2+cu132, the build of torch 2.15.0's default wheel (cu132), "
+        "and was uploaded 2026-10-28 15:21 UTC, 4 minutes after torch 2.15.0's")
+
+
+@pytest.mark.parametrize("changed", [
+    built("torchvision", "0.29.2", ">=2.14.0", "0.29.2+cu130", "2026-10-28T15:21:34Z"),  # 2.15.0 is cu132
+    built("torchvision", "0.29.2", ">=2.14.0", "0.29.2+cu132", "2026-10-30T15:21:34Z"),  # two days later
+    built("torchvision", "0.29.2", ">=2.16.0", "0.29.2+cu132", "2026-10-28T15:21:34Z"),  # 2.15.0 not admitted
+    built("torchvision", "0.29.2", ">=2.14.0", "0.29.2+cu132", None),  # no upload time on the index
+    built("torchvision", "0.29.2", ">=2.14.0", None, "2026-10-28T15:21:34Z"),  # no build in version.py
+])
+def test_without_matching_evidence_a_companion_is_left_to_the_lower_bound_rule(
+        changed: CompanionFact) -> None:
+    assert companion_builds.place((changed,), RELEASED)[0].built_for is None
+
+
+def test_two_torch_releases_matching_tie_to_neither() -> None:
+    twin = released("2.14.2", "cu130", "2026-09-30T20:00:00Z")
+    assert companion_builds.place(BUILT, (*RELEASED, twin))[1].built_for is None
+
+
+@pytest.mark.parametrize(("text", "build"), [
+    (b"__version__ = '0.29.2+cu132'\ngit_version = 'f1'\n", "0.29.2+cu132"),
+    (b'__version__ = "0.29.1+cpu"\n', "0.29.1+cpu"),
+    (b"__version__ = '0.29.2'\n", None),  # no build tag: says nothing of the CUDA
+    (b"__version__ = '0.30.0+cu132'\n", None),  # another release than the wheel's
+    (b"__version__ = '0.29.2+rocm7.0'\n", None),  # not a build the torch rows name
+    (b"__version__ = '0.29.2+cu132' + suffix\n", None),  # code, not a literal
+    (b"\xff\xfe" * 10, None),
+])
+def test_build_version_reads_only_a_literal_of_the_wheels_own_release(text: bytes, build: str | None) -> None:
+    assert companion_builds.build_version(text, "0.29.2" if "0.29.1" not in str(text) else "0.29.1") == build
+
+
 # --- the refresh against a package index on 127.0.0.1 -----------------------------------------
 
 
@@ -164,25 +233,64 @@ def _metadata(name: str, version: str, requires: list[str]) -> bytes:
 
 # project → {version: Requires-Dist lines}
 PUBLISHED: dict[str, dict[str, list[str]]] = {
-    "torch": {"2.14.0": ["nvidia-cuda-runtime==13.0.96"], "2.14.1": ["nvidia-cuda-runtime==13.0.96"],
-              "2.15.0": ["nvidia-cuda-runtime==13.2.51"]},
-    "torchvision": {"0.29.0": ["torch==2.14.0"], "0.29.1": ["torch>=2.14.0"], "0.29.2": ["torch>=2.14.0"]},
+    "torch": {"2.11.0": ["nvidia-cuda-runtime==13.0.96"], "2.14.0": ["nvidia-cuda-runtime==13.0.96"],
+              "2.14.1": ["nvidia-cuda-runtime==13.0.96"], "2.15.0": ["nvidia-cuda-runtime==13.2.51"]},
+    "torchvision": {"0.26.0": ["torch==2.11.0"], "0.29.0": ["torch==2.14.0"], "0.29.1": ["torch>=2.14.0"],
+                    "0.29.2": ["torch>=2.14.0"]},
     "torchaudio": {"2.11.0": [], "2.14.0": ["torch<2.15,>=2.14.0"]},
 }
+# What the index's wheels say of themselves (FACTS-2026-11-25 F, read 2026-11-25): version.py's
+# __version__ of the releases that pin no torch, and the PEP 700 upload times.
+BUILDS: dict[tuple[str, str], str] = {
+    ("torchvision", "0.29.1"): "0.29.1+cu130", ("torchvision", "0.29.2"): "0.29.2+cu132",
+    ("torchaudio", "2.11.0"): "2.11.0+cu130"}
+UPLOADED: dict[tuple[str, str], str] = {
+    ("torch", "2.11.0"): "2026-03-23T18:10:03.569566Z",
+    ("torchaudio", "2.11.0"): "2026-03-23T18:13:37.963527Z",
+    ("torch", "2.14.0"): "2026-09-02T13:44:10.199237Z",
+    ("torchvision", "0.29.0"): "2026-09-02T13:47:01.281021Z",
+    ("torch", "2.14.1"): "2026-09-30T17:49:10.777596Z",
+    ("torchvision", "0.29.1"): "2026-09-30T17:57:14.126831Z",
+    ("torch", "2.15.0"): "2026-10-28T15:17:10Z",
+    ("torchvision", "0.29.2"): "2026-10-28T15:21:34Z"}
 
 
-def _routes(published: dict[str, dict[str, list[str]]] | None = None) -> dict[str, bytes]:
+def _wheel(project: str, version: str, builds: dict[tuple[str, str], str]) -> bytes:
+    """A zip wheel; with the release's version.py when ``builds`` names one."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(f"{project}/__init__.py", "")
+        if (project, version) in builds:
+            archive.writestr(f"{project}/version.py",
+                             f"__version__ = '{builds[project, version]}'\ngit_version = 'abc'\n")
+    return buffer.getvalue()
+
+
+def _routes(published: dict[str, dict[str, list[str]]] | None = None,
+            builds: dict[tuple[str, str], str] | None = None) -> dict[str, bytes]:
     routes: dict[str, bytes] = {}
     for project, releases in (PUBLISHED if published is None else published).items():
         files = []
         for version, requires in releases.items():
             filename = f"{project}-{version}-cp311-cp311-manylinux_2_28_x86_64.whl"
             files.append({"filename": filename, "url": f"/files/{filename}", "hashes": {},
-                          "size": 1000, "core-metadata": True})
+                          "size": 1000, "core-metadata": True,
+                          "upload-time": UPLOADED.get((project, version))})
             routes[f"/files/{filename}.metadata"] = _metadata(project, version, requires)
+            routes[f"/files/{filename}"] = _wheel(project, version, BUILDS if builds is None else builds)
         routes[f"/simple/{project}/"] = json.dumps(
             {"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
     return routes
+
+
+def _span(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) of ``bytes=-n`` / ``bytes=a-b``, as a wheel host answers a range request."""
+    match = re.fullmatch(r"bytes=(\d*)-(\d*)", header or "")
+    if match is None:
+        return None
+    if not match[1]:
+        return max(0, size - int(match[2])), size
+    return int(match[1]), min(int(match[2]) + 1, size)
 
 
 @contextlib.contextmanager
@@ -197,7 +305,11 @@ def index_server(context: ssl.SSLContext, routes: dict[str, bytes] | None = None
 
         def do_GET(self) -> None:
             body = routes.get(self.path)
-            self.send_response(200 if body is not None else 404)
+            span = _span(self.headers.get("Range"), len(body)) if body is not None else None
+            self.send_response(404 if body is None else 206 if span else 200)
+            if body is not None and span is not None:
+                self.send_header("Content-Range", f"bytes {span[0]}-{span[1] - 1}/{len(body)}")
+                body = body[span[0]:span[1]]
             self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
             self.send_header("Content-Length", str(len(body or b"")))
             self.end_headers()
@@ -246,30 +358,68 @@ def trimmed_data(tmp_path: Path) -> Path:
     return data
 
 
-def test_refresh_pairs_2_14_1_and_says_why_2_15_0_has_none(
-        tmp_path: Path, index_and_env: tuple[str, dict[str, str]]) -> None:
+def _recorded(relation: str, data: Path = REPO / "matrices") -> dict[str, dict[str, Any]]:
+    return {r["torch"]: r for r in yaml.safe_load((data / f"{relation}.yaml").read_text())["rows"]}
+
+
+def test_refresh_derives_the_sourced_pairs_from_each_wheels_build_and_upload_time(
+        tmp_path: Path, index_and_env: tuple[str, dict[str, str]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/faults.md S11: the lower-bound rule paired 2.14.1 with 0.29.2 and left 2.15.0 without
+    torchvision (FACTS-2026-11-25 F). version.py's build and the upload times tie 0.29.1 to 2.14.1,
+    0.29.2 to 2.15.0 and torchaudio 2.11.0 (no torch requirement) to 2.11.0, as the data records."""
     url, env = index_and_env
     data = trimmed_data(tmp_path)
-    options = refresh.RefreshOptions(matrices=data, sources=("pypi",), index_url=url, policy=FAST,
-                                     allow_shrink=True, retrieved="2026-11-24")
-
-    refresh.refresh(options, env, lambda message: None)
-
-    rows = {r["torch"]: r for r in yaml.safe_load((data / "torch_companions.yaml").read_text())["rows"]}
-    # 2.11.0's row cites the previous-versions page (torchaudio 2.11.0 declares no torch
-    # requirement): hand-sourced, so the refresh keeps it as it is.
-    assert rows.pop("2.11.0")["torchaudio"] == "2.11.0"
-    assert {t: (r["torchvision"], r["torchaudio"]) for t, r in rows.items()} == {
-        "2.14.0": ("0.29.0", None), "2.14.1": ("0.29.2", None), "2.15.0": (None, None)}
+    code = cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "pypi", "--index-url", url,
+                     "--allow-shrink"], env)
+    assert code == 0
+    assert "(torch_companions +0 ~3 -26 =1 hand-sourced kept," in capsys.readouterr().out
+    rows, pypi = _recorded("torch_companions", data), _recorded("torch_pypi", data)
+    recorded = _recorded("torch_companions")  # the bundled data: the sourced facts
+    pairs = {t: (r["torchvision"], r["torchaudio"]) for t, r in rows.items()}
+    assert pairs == {"2.11.0": ("0.26.0", "2.11.0"), "2.14.0": ("0.29.0", None),
+                     "2.14.1": ("0.29.1", None), "2.15.0": ("0.29.2", None)}
+    assert pairs == {t: (recorded[t]["torchvision"], recorded[t]["torchaudio"]) for t in pairs}
+    assert {t: (r["torchvision"], r["torchaudio"]) for t, r in pypi.items()} == pairs
+    # 2.11.0's row cites the previous-versions page: hand-sourced, kept as it is.
+    assert rows["2.11.0"] == _recorded("torch_companions")["2.11.0"]
+    assert pypi["2.11.0"]["note"].endswith(
+        "torchaudio 2.11.0 declares no torch requirement: paired with torch 2.11.0 by its build: its "
+        "wheel's version.py reads 2.11.0+cu130, the build of torch 2.11.0's default wheel (cu130), and "
+        "was uploaded 2026-03-23 18:13 UTC, 4 minutes after torch 2.11.0's")
+    assert rows["2.15.0"]["note"].startswith(
+        "torchvision 0.29.2 requires torch>=2.14.0 without an exact pin: paired with torch 2.15.0 by its "
+        "build: its wheel's version.py reads 0.29.2+cu132, the build of torch 2.15.0's default wheel (cu132)")
+    # The CPython versions of each companion's Linux wheels come from the file lists, with their source.
+    assert (rows["2.14.1"]["torchvision_python"], "torchaudio_python" in rows["2.14.1"]) == (["3.11"], False)
+    assert rows["2.14.1"]["note"].endswith(
+        "torchvision_python/torchaudio_python: the CPython versions (cpXY-cpXY tags) of the Linux x86_64 "
+        "wheels of torchvision 0.29.1 in the index's file lists (pip-index:///simple/torchvision/, "
+        "pip-index:///simple/torchaudio/), read 2026-11-25")
+    assert "reads 0.29.1+cu130" in rows["2.14.1"]["note"]
+    assert "8 minutes after torch 2.14.1's" in rows["2.14.1"]["note"]
     # torchaudio 2.14.0 bounds torch above as well: the rule does not read it, the note names it.
-    assert ("no torchaudio release on the index as of 2026-11-24 pins torch 2.14.1 or requires "
+    assert ("no torchaudio release on the index as of 2026-11-25 pins torch 2.14.1 or requires "
             "torch>=2.14.0: the newest, 2.14.0, declares torch<2.15,>=2.14.0") in rows["2.14.1"]["note"]
     assert rows["2.15.0"]["source"].startswith(
         "pip-index:///simple/torchvision/#torchvision-0.29.2-cp311-cp311-manylinux_2_28_x86_64.whl&sha256=")
     text = (data / "torch_companions.yaml").read_text() + (data / "torch_pypi.yaml").read_text()
     assert "127.0.0.1" not in text
-    pypi = {r["torch"]: r for r in yaml.safe_load((data / "torch_pypi.yaml").read_text())["rows"]}
-    assert pypi["2.14.1"]["torchvision"] == "0.29.2"
+
+
+def test_without_a_build_in_the_wheel_the_lower_bound_rule_still_pairs(tmp_path: Path) -> None:
+    """A wheel without version.py (or a build without +cuNNN) gives no evidence: the lower-bound
+    rule pairs as before, and its note says so."""
+    data = trimmed_data(tmp_path)
+    with serving_index(tmp_path, _routes(builds={})) as (url, env):
+        options = refresh.RefreshOptions(matrices=data, sources=("pypi",), index_url=url, policy=FAST,
+                                         allow_shrink=True, retrieved="2026-11-24")
+        refresh.refresh(options, env, lambda message: None)
+    rows = _recorded("torch_companions", data)
+    assert {t: r["torchvision"] for t, r in rows.items()} == {
+        "2.11.0": "0.26.0", "2.14.0": "0.29.0", "2.14.1": "0.29.2", "2.15.0": None}
+    assert "paired with the newest torch 2.14 patch releases" in rows["2.14.1"]["note"]
+    assert _recorded("torch_pypi", data)["2.11.0"]["torchaudio"] is None
 
 
 def _companion_columns(data: Path) -> dict[str, tuple[str | None, str | None, str, str]]:

@@ -79,11 +79,16 @@ def cmd_refresh(args: argparse.Namespace, env: Mapping[str, str], out: Callable[
         out(f"{report.target}: up to date")
     else:
         verb = "would write" if report.dry_run else "wrote"
-        summary = ", ".join(f"{k} +{c.added} ~{c.updated} -{c.dropped}"
+        summary = ", ".join(f"{k} +{c.added} ~{c.updated} -{c.dropped}" + _kept(c.kept_hand_sourced)
                             for k, c in sorted(report.changes.items()))
         out(redact(f"{report.target}: {verb} {', '.join(report.written) or 'nothing'} ({summary}); "
             f"{report.bytes_received} bytes in {report.requests_made} requests"))
     return 0
+
+
+def _kept(rows: int) -> str:
+    """Rows the source derived again but left as recorded: their source is not the upstream's."""
+    return f" ={rows} hand-sourced kept" if rows else ""
 
 
 def _progress(message: str) -> None:

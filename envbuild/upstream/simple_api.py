@@ -50,6 +50,7 @@ class WheelFile:
     yanked: bool
     metadata_advertised: bool
     metadata_sha256: str | None
+    upload_time: str | None = None  # PEP 700 ``upload-time`` (ISO 8601, UTC), when the index gives it
 
     @property
     def platform(self) -> str:
@@ -113,6 +114,7 @@ def _wheel_file(entry: Any, page_url: str, project: str) -> WheelFile | None:
     metadata = entry.get("core-metadata", entry.get("dist-info-metadata", False))
     size = entry.get("size")
     requires_python = entry.get("requires-python")
+    uploaded = entry.get("upload-time")
     return WheelFile(
         project=name,
         filename=filename,
@@ -125,6 +127,7 @@ def _wheel_file(entry: Any, page_url: str, project: str) -> WheelFile | None:
         yanked=bool(entry.get("yanked", False)),
         metadata_advertised=bool(metadata),
         metadata_sha256=metadata.get("sha256") if isinstance(metadata, dict) else None,
+        upload_time=uploaded if isinstance(uploaded, str) else None,
     )
 
 
@@ -181,16 +184,25 @@ class IndexClient(HttpClient):
         return body
 
     def _range_metadata(self, wheel: WheelFile) -> bytes:
-        url = wheel.url.split("#", 1)[0]
         try:
-            return read_zip_member(
-                tail=lambda n: self._tail(url, n),
-                read=lambda start, end: self._range(url, start, end),
-                tail_bytes=self.tail_bytes,
-                wanted=METADATA_MEMBER,
-            )
+            return self._member(wheel, METADATA_MEMBER)
         except ZipFormatError as exc:
             raise DataError(f"cannot read METADATA of {wheel.filename}: {exc}") from exc
+
+    def optional_member(self, wheel: WheelFile, wanted: re.Pattern[str]) -> bytes | None:
+        """The one member of ``wheel`` whose name fully matches ``wanted``, by range requests;
+        None when the wheel is a zip without that one member (or no zip at all): the caller
+        can do without it. Network failures still raise."""
+        try:
+            return self._member(wheel, wanted)
+        except ZipFormatError:
+            return None
+
+    def _member(self, wheel: WheelFile, wanted: re.Pattern[str]) -> bytes:
+        url = wheel.url.split("#", 1)[0]
+        return read_zip_member(tail=lambda n: self._tail(url, n),
+                               read=lambda start, end: self._range(url, start, end),
+                               tail_bytes=self.tail_bytes, wanted=wanted)
 
     def _tail(self, url: str, n: int) -> tuple[bytes, int]:
         reply = self.get(url, {"Range": f"bytes=-{n}"})

@@ -57,11 +57,15 @@ class TorchWheelFact:
     nccl: str | None
     filename: str
     metadata_bytes: int
+    upload_time: str | None = None  # of the wheel read, as the index gives it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompanionFact:
-    """A torchvision/torchaudio release and the torch it pins (None: not pinned)."""
+    """A torchvision/torchaudio release and the torch it pins (None: not pinned). Without a
+    pin, ``build`` is the ``__version__`` its wheel's ``version.py`` holds (``0.29.2+cu132``)
+    and ``built_for`` the torch release that build and the upload time tie it to
+    (``companion_builds``), ``evidence`` saying how."""
 
     project: str
     version: str
@@ -69,6 +73,11 @@ class CompanionFact:
     torch_requirement: str | None
     filename: str
     metadata_bytes: int
+    upload_time: str | None = None
+    python: tuple[str, ...] = ()  # CPython versions of its Linux x86_64 wheels (none: stable ABI only)
+    build: str | None = None
+    built_for: str | None = None
+    evidence: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +141,7 @@ def torch_fact(version: Version, linux: Sequence[WheelFile], read: MetadataRead)
         nccl=pins["nccl"][0] if "nccl" in pins else None,
         filename=read.wheel.filename,
         metadata_bytes=read.bytes_transferred,
+        upload_time=read.wheel.upload_time,
     )
 
 
@@ -180,11 +190,14 @@ def companion_facts(
     *,
     since: Version = FIRST_TORCH,
     progress: Progress | None = None,
+    build_of: Callable[[WheelFile], str | None] | None = None,
 ) -> tuple[CompanionFact, ...]:
-    """Releases of ``project`` (newest first) down to the first that pins a torch < ``since``."""
+    """Releases of ``project`` (newest first) down to the first that pins a torch < ``since``;
+    ``build_of`` reads the build of each release that pins no torch."""
     facts: list[CompanionFact] = []
     for version, wheels in reversed(releases(client.list_wheels(project))):
-        read = client.wheel_metadata(preferred_wheel(wheels))
+        wheel = preferred_wheel(wheels)
+        read = client.wheel_metadata(wheel)
         requirement = torch_requirement(read.text)
         torch = exact_pin(requirement) if requirement else None
         _report(progress, f"{project} {version}: torch {torch} ({read.bytes_transferred} bytes)")
@@ -198,6 +211,9 @@ def companion_facts(
                 torch_requirement=str(requirement.specifier) if requirement else None,
                 filename=read.wheel.filename,
                 metadata_bytes=read.bytes_transferred,
+                upload_time=wheel.upload_time,
+                python=_pythons([w for w in wheels if is_linux_x86_64_cpython(w)], free_threaded=False),
+                build=build_of(wheel) if build_of and torch is None else None,
             )
         )
     return tuple(sorted(facts, key=lambda fact: Version(fact.version)))
@@ -223,8 +239,9 @@ def companions_table(
 ) -> tuple[CompanionRow, ...]:
     """For each torch version, its torchvision/torchaudio release (None: none on the index).
 
-    A release pinning exactly this torch wins (the newest of them). Else ``loose_pairs``:
-    a release that only requires ``torch>=X.Y.0`` pairs with the newest patches of X.Y."""
+    A release pinning exactly this torch, or tied to it by its build (``built_for``), wins
+    (the newest of them). Else ``loose_pairs``: a release that only requires ``torch>=X.Y.0``
+    pairs with the newest patches of X.Y."""
     ordered = sorted(set(torch_versions), key=Version)
     by_torch_vision = loose_pairs(ordered, vision)
     by_torch_audio = loose_pairs(ordered, audio)
@@ -241,7 +258,7 @@ def companions_table(
 def loose_minor(fact: CompanionFact) -> tuple[int, int] | None:
     """(X, Y) when the companion requires ``torch>=X.Y.0`` (or ``>=X.Y``) and nothing else:
     a lower bound on one torch minor, no upper bound, no exact pin."""
-    if fact.torch is not None or not fact.torch_requirement:
+    if fact.torch is not None or fact.built_for is not None or not fact.torch_requirement:
         return None
     match = _LOWER_BOUND.fullmatch(fact.torch_requirement.replace(" ", ""))
     return (int(match.group(1)), int(match.group(2))) if match else None
@@ -258,7 +275,9 @@ def loose_pairs(torch_versions: Sequence[str], facts: Iterable[CompanionFact]) -
     releases declare ``torch>=X.Y.0`` instead of pinning: such a release pairs with the torch
     X.Y.z patches newer than every X.Y patch some release pins exactly (all of X.Y's patches
     when none is pinned), the newest such companion for each. An older, unpinned patch stays
-    unpaired: the loose release was built after the pinned one, for the newest torch."""
+    unpaired: the loose release was built after the pinned one, for the newest torch. A release
+    whose build ties it to one torch (``built_for``, see ``companion_builds``) counts as a pin:
+    the rule is only the fallback where a wheel gives no such evidence."""
     facts = sorted(facts, key=lambda f: Version(f.version))
     table = _newest_by_torch(facts)
     minors: dict[tuple[int, int], list[Version]] = {}
@@ -280,8 +299,9 @@ def loose_pairs(torch_versions: Sequence[str], facts: Iterable[CompanionFact]) -
 def _newest_by_torch(facts: Iterable[CompanionFact]) -> dict[str, CompanionFact]:
     table: dict[str, CompanionFact] = {}
     for fact in sorted(facts, key=lambda f: Version(f.version)):
-        if fact.torch is not None:
-            table[str(Version(fact.torch))] = fact
+        torch = fact.torch or fact.built_for  # an exact pin, or the build ties it to one torch
+        if torch is not None:
+            table[str(Version(torch))] = fact
     return table
 
 

@@ -18,6 +18,7 @@ from envbuild.upstream.torch_facts import CompanionFact, CompanionRow
 
 COMPANIONS = ("torchvision", "torchaudio")
 PIN_NOTE = "torchaudio pin read from "  # the part build_documents writes first
+PYTHON_NOTE = "torchvision_python/torchaudio_python: "  # and the one it writes last
 
 
 def wheel_cited(row: Row, project: str, prefix: str) -> tuple[str, str | None] | None:
@@ -33,13 +34,18 @@ def wheel_cited(row: Row, project: str, prefix: str) -> tuple[str, str | None] |
 
 
 def recorded_fact(row: Row, project: str, prefix: str) -> tuple[CompanionFact, str | None] | None:
-    """The recorded ``project`` release of one torch_companions row (an exact pin of its torch)."""
+    """The recorded ``project`` release of one torch_companions row (an exact pin of its torch).
+    A hand-sourced row (its source is not the index) may cite no wheel of it: the version
+    stands as recorded, since the refresh keeps that row as it is."""
     version = row.get(project)
     cited = wheel_cited(row, project, prefix)
+    if cited is None and not str(row.get("source", prefix)).startswith(prefix):
+        cited = ("", None)
     if version is None or cited is None:
         return None
     torch = str(row["torch"])
-    fact = CompanionFact(project=project, version=str(version), torch=torch,
+    python = tuple(str(v) for v in row.get(f"{project}_python") or ())
+    fact = CompanionFact(project=project, version=str(version), torch=torch, python=python,
                          torch_requirement=f"=={torch}", filename=cited[0], metadata_bytes=0)
     return fact, cited[1]
 
@@ -63,6 +69,8 @@ def with_recorded(table: Iterable[CompanionRow], recorded_rows: Iterable[Row], u
 def _about(part: str) -> str:
     if part.startswith(PIN_NOTE):
         return "pin"
+    if part.startswith(PYTHON_NOTE):
+        return "python"
     for project in COMPANIONS:
         if part.startswith((f"no {project} ", f"{project} ")):
             return project
@@ -76,8 +84,9 @@ def _parts(note: object) -> list[str]:
 def keep_recorded_notes(rows: Sequence[Row], recorded_rows: Iterable[Row], unread: Collection[str],
                         prefix: str) -> None:
     """Each row's note parts about an ``unread`` companion as recorded, in build_documents' order
-    (other parts, the torchaudio pin, torchvision's, torchaudio's). A row with neither
-    companion keeps the recorded source when it cites an unread one (the evidence of why)."""
+    (other parts, the torchaudio pin, torchvision's, torchaudio's, where the Pythons come from).
+    A row with neither companion keeps the recorded source when it cites an unread one (the
+    evidence of why)."""
     recorded = {str(r["torch"]): r for r in recorded_rows}
     for row in rows:
         old = recorded.get(str(row["torch"]), {})
@@ -86,6 +95,7 @@ def keep_recorded_notes(rows: Sequence[Row], recorded_rows: Iterable[Row], unrea
         for project in COMPANIONS:
             source = _parts(old.get("note")) if project in unread else new
             parts += [p for p in source if _about(p) == project]
+        parts += [p for p in new if _about(p) == "python"]
         if parts:
             row["note"] = "; ".join(parts)
         else:

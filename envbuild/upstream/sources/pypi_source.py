@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.errors import DataError
-from envbuild.upstream import simple_api, torch_facts
+from envbuild.upstream import companion_builds, simple_api, torch_facts
 from envbuild.upstream.simple_api import IndexClient, MetadataRead, WheelFile
 from envbuild.upstream.sources import Context, Fetch, Row, SourceResult, companions_kept, with_digest
 from envbuild.upstream.torch_facts import CompanionFact, CompanionRow, PypiFacts, TorchWheelFact
@@ -60,6 +60,19 @@ class CachedIndex:
             return MetadataRead(wheel=wheel, text=text, method="range", bytes_transferred=0)
         return MetadataRead(wheel=wheel, text=text, method="pep658", bytes_transferred=0)
 
+    def build_of(self, wheel: WheelFile) -> str | None:
+        """The build a companion wheel's version.py names (``0.29.2+cu132``), cached for good."""
+        def produce() -> bytes:
+            if self.client is None:
+                raise DataError("no index client")
+            text = self.client.optional_member(wheel, companion_builds.member_pattern(wheel.project))
+            build = companion_builds.build_version(text, str(wheel.version)) if text else None
+            return json.dumps({"build": build}).encode()
+
+        record = json.loads(self.fetch.immutable(wheel.url.split("#", 1)[0] + "#version.py", produce))
+        build = record.get("build")
+        return build if isinstance(build, str) else None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PypiSource:
@@ -77,8 +90,8 @@ class PypiSource:
                             hint="check the index URL")
         rows: dict[str, tuple[Row, ...]] = {}
         if {"torchvision", "torchaudio"} & only:
-            vision = _companions(reader, "torchvision", only, context)
-            audio = _companions(reader, "torchaudio", only, context)
+            vision = companion_builds.place(_companions(reader, "torchvision", only, context), torch)
+            audio = companion_builds.place(_companions(reader, "torchaudio", only, context), torch)
             table = torch_facts.companions_table([f.torch for f in torch], vision, audio)
             unread = frozenset(companions_kept.COMPANIONS) - only
             recorded = context.existing.get("torch_companions", ())
@@ -102,7 +115,10 @@ class PypiSource:
 
 def _companions(reader: CachedIndex, project: str, only: frozenset[str],
                 context: Context) -> tuple[CompanionFact, ...]:
-    return torch_facts.companion_facts(reader, project, progress=context.progress) if project in only else ()
+    if project not in only:
+        return ()
+    return torch_facts.companion_facts(reader, project, progress=context.progress,
+                                       build_of=reader.build_of)
 
 
 def _torch_only(torch: tuple[TorchWheelFact, ...], existing: Mapping[str, tuple[Row, ...]]) -> PypiFacts:
@@ -151,7 +167,10 @@ COMPANIONS_DESCRIPTION = (
     "torch>=X.Y.0 (a lower bound on one torch minor, no upper bound) pairs with the newest "
     "torch X.Y patch releases, those newer than every X.Y patch pinned exactly, the newest "
     "such release each: PyTorch builds each torchvision/torchaudio minor for one torch "
-    f"minor (torchvision's compatibility table, {PAIRING_SOURCE}). null: no release on the "
+    f"minor (torchvision's compatibility table, {PAIRING_SOURCE}). Before that rule, a release "
+    "without an exact pin pairs with the one torch release whose default wheel has the CUDA "
+    "build its wheel's version.py names (0.29.2+cu132) and that was uploaded within a day of "
+    "it, when exactly one does (envbuild/upstream/companion_builds.py). null: no release on the "
     "index pairs with this torch, and the note says what the newest one declares; such a "
     "row's source is that newest release's wheel. Otherwise the source is the torchvision "
     "wheel (the torchaudio wheel when there is no torchvision) and the note names the other."
@@ -213,16 +232,27 @@ def companion_row(row: CompanionRow, retrieved: str, notes: Sequence[str],
         "torch": row.torch,
         "torchvision": _version(row.torchvision),
         "torchaudio": _version(row.torchaudio),
-        "source": source_uri(first.project, first.filename, digests),
-        "retrieved": retrieved,
     }
+    read = [fact for fact in (row.torchvision, row.torchaudio) if fact and fact.python]
+    out.update({f"{fact.project}_python": list(fact.python) for fact in read})
+    out.update(source=source_uri(first.project, first.filename, digests), retrieved=retrieved)
     notes = list(notes)
-    if row.torchvision and row.torchaudio:
+    if read:
+        notes.append(python_note(read, retrieved))
+    if row.torchvision and row.torchaudio and row.torchaudio.filename:
         audio = source_uri(row.torchaudio.project, row.torchaudio.filename)
         notes.insert(0, f"torchaudio pin read from {audio}")
     if notes:
         out["note"] = "; ".join(notes)
     return out
+
+
+def python_note(read: Sequence[CompanionFact], retrieved: str) -> str:
+    """Where ``torchvision_python`` / ``torchaudio_python`` come from."""
+    releases = " and ".join(f"{fact.project} {fact.version}" for fact in read)
+    lists = ", ".join(f"{PREFIX}simple/{project}/" for project in ("torchvision", "torchaudio"))
+    return (f"torchvision_python/torchaudio_python: the CPython versions (cpXY-cpXY tags) of the Linux "
+            f"x86_64 wheels of {releases} in the index's file lists ({lists}), read {retrieved}")
 
 
 def _version(fact: CompanionFact | None) -> str | None:
@@ -236,7 +266,9 @@ def companion_notes(facts: PypiFacts, retrieved: str) -> dict[str, list[str]]:
     for row in facts.companions:
         for project, fact in (("torchvision", row.torchvision), ("torchaudio", row.torchaudio)):
             releases = facts.torchvision if project == "torchvision" else facts.torchaudio
-            if fact is not None and fact.torch is None:
+            if fact is not None and fact.built_for is not None and fact.torch is None:
+                notes.setdefault(row.torch, []).append(built_note(fact))
+            elif fact is not None and fact.torch is None:
                 notes.setdefault(row.torch, []).append(
                     f"{project} {fact.version} requires torch{fact.torch_requirement} without an "
                     f"exact pin: paired with the newest torch {_minor(row.torch)} patch releases "
@@ -245,6 +277,14 @@ def companion_notes(facts: PypiFacts, retrieved: str) -> dict[str, list[str]]:
                 notes.setdefault(row.torch, []).append(missing_note(project, row.torch, releases,
                                                                     retrieved))
     return notes
+
+
+def built_note(fact: CompanionFact) -> str:
+    """How an unpinned companion was tied to its torch (``companion_builds``)."""
+    declared = (f"requires torch{fact.torch_requirement} without an exact pin" if fact.torch_requirement
+                else "declares no torch requirement")
+    return (f"{fact.project} {fact.version} {declared}: paired with torch {fact.built_for} by its "
+            f"build: {fact.evidence}")
 
 
 def missing_note(project: str, torch: str, releases: Sequence[CompanionFact], retrieved: str) -> str:
