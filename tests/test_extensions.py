@@ -170,3 +170,21 @@ def test_a_lock_naming_an_extension_badly_is_refused(tmp_path: Path) -> None:
     data["extensions"][0].update(dir="ext", name="torch")
     with pytest.raises(lockmod.UsageError, match="invalid extension name"):
         lockmod.check_lock(lockmod.from_json(json.dumps(data)))
+
+
+def test_the_installed_set_check_requires_each_extension_and_nothing_else(tmp_path: Path) -> None:
+    from envbuild.smoke.installed import compare_installed
+
+    def dist(name: str, version: str) -> None:
+        write(tmp_path, {f"{name}-{version}.dist-info/METADATA":
+                         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"})
+
+    lock = {"packages": {"torch": "2.13.0+cpu"}, "extensions": [{"name": "add-ext"}]}
+    dist("torch", "2.13.0+cpu")
+    assert compare_installed(lock, paths=[str(tmp_path)], bootstrap=()) == \
+        ["add-ext: an extension of the lock, not installed"]
+    dist("Add_Ext", "0.1")
+    assert compare_installed(lock, paths=[str(tmp_path)], bootstrap=()) == []
+    dist("other", "1.0")
+    assert compare_installed(lock, paths=[str(tmp_path)], bootstrap=()) == \
+        ["other: installed 1.0, not in the lock"]
