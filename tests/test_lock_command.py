@@ -492,3 +492,20 @@ def test_lock_json_matches_its_schema_and_says_what_changed(tmp_path: Path, inde
         validator.validate({**first, "targets": [{**first["targets"][0], "base_digest": "latest"}]})
     code, _, err = run(capsys, env, "lock", "--json", "--check")
     assert code == 2 and "--json" in err
+
+
+def test_a_changed_extension_source_makes_the_lock_stale(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    project(tmp_path, indexes, targets='extensions = ["ext"]\n')
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    (ext,) = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["extensions"]
+    assert ext["dir"] == "ext" and ext["name"] == "ext" and len(ext["sha256"]) == 64
+    assert run(capsys, env, "lock", "--check")[0] == 0
+    (tmp_path / "ext" / "setup.py").write_text("from setuptools import setup\nsetup(name='ext')\n")
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "the extensions or their sources changed" in err

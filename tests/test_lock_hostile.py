@@ -23,6 +23,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
+from envbuild.extensions.tree import extension
 from envbuild.fleet.placement import KubernetesPlacement, Placement, SlurmPlacement
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
@@ -56,7 +57,21 @@ def _top(m: matrixmod.Matrix, **request: Any) -> Stack:
 
 
 @pytest.fixture(scope="module")
-def baselines(matrix: matrixmod.Matrix) -> dict[str, str]:
+def extension_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the closure baseline's extension sources lie (the lock's directory)."""
+    global EXTENSION_ROOT
+    root = tmp_path_factory.mktemp("extension-root")
+    (root / "native" / "addext").mkdir(parents=True)
+    (root / "native" / "addext" / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    EXTENSION_ROOT = root
+    return root
+
+
+EXTENSION_ROOT: Path | None = None
+
+
+@pytest.fixture(scope="module")
+def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
     """Locks between them holding every field with a value: the package index's default wheel
     (nvidia-* pins, layers) under a digest-pinned mirror base with every extra option, and a
     standalone Python without companions."""
@@ -75,7 +90,8 @@ def baselines(matrix: matrixmod.Matrix) -> dict[str, str]:
                                   pylock=lockmod.PylockRef(
                                       file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
                                       torch_layer=tuple(sorted(set(packages) - {"requests"})),
-                                      platform="x86_64-manylinux_2_35"))
+                                      platform="x86_64-manylinux_2_35"),
+                                  extensions=(extension(extension_root, "native/addext", "extension"),))
     # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),
@@ -182,7 +198,7 @@ def script_structure(text: str) -> list[str]:
 def rendered(text: str) -> tuple[list[str], list[str] | None]:
     """Read and render a lock as ``render docker --lock`` and ``render script --lock`` do."""
     lock = with_pylock(lockmod.from_json(text))
-    files = render.render_docker(lock, render.RenderOptions())
+    files = render.render_docker(lock, render.RenderOptions(extension_root=EXTENSION_ROOT))
     docker = files["Dockerfile"]
     assert isinstance(docker, bytes)
     try:
@@ -221,7 +237,8 @@ def test_baselines_hold_every_field(baselines: dict[str, str]) -> None:
         assert any(doc["stack"][name] not in empty for doc in docs) or name == "notes", name
     for text in baselines.values():
         docker, script = rendered(text)
-        assert "RUN" in " ".join(docker) and script is not None
+        # A host script builds no extension: it refuses a lock that has one.
+        assert "RUN" in " ".join(docker) and (script is None) == ("extensions" in json.loads(text))
 
 
 # --- every field, every hostile value --------------------------------------------------------

@@ -310,7 +310,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=closure_inputs(spec))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
-                     layers=())
+                     layers=(), extensions=() if project is None else project.extensions)
     check_lock(locked)
     return locked
 
@@ -446,6 +446,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         now = _target_lock(args, env, matrix, plan)
         found = _differences(locked, now, installer_choice(args, project))
         found += _closure_differences(locked, closure_inputs(_spec(args, env, matrix, project, plan, now)))
+        if (() if project is None else project.extensions) != locked.extensions:
+            found.append("the extensions or their sources changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),

@@ -107,7 +107,9 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     # A closure's image carries a lock set of its own target; a stack-only lock stays as it was.
     carried = lockset.only(name).to_json() if lock.pylock is not None else None
     # Its local wheels come only from the lock's directory (the project's) or --wheelhouse.
-    options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,))
+    # Its extensions' sources too: their directories are relative to the lock (the project's).
+    options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,),
+                      extension_root=Path(args.lock).absolute().parent)
     return lock, render_docker(lock, options, peaks=peaks_json(matrix), lockset_json=carried)
 
 

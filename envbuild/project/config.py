@@ -20,6 +20,7 @@ from typing import Any
 
 from envbuild.confine import quoted, read_confined, token
 from envbuild.errors import UsageError
+from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
 from envbuild.project.model import INSTALLER_CHOICES, Project, Target
@@ -34,7 +35,7 @@ FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
 TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
-IMAGE_KEYS = ("apt-packages", "compile-toolchain", "env", "user", "base-image", "index-url",
+IMAGE_KEYS = ("extensions", "apt-packages", "compile-toolchain", "env", "user", "base-image", "index-url",
               "torch-index-url", "find-links", "registry-mirrors", "installer")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
@@ -395,6 +396,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         except UsageError as exc:
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
     find_links = _find_links(reader, table, root)
+    extensions = _extensions(reader, table, root)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
         raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
@@ -414,7 +416,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         base_image=reader.string(table, "base-image", []),
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
-        find_links=find_links, registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
+        find_links=find_links, extensions=extensions, registry_mirrors=dict(sorted(mirrors.items())),
+        installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
 
@@ -526,3 +529,21 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
                               "an http(s) URL or a directory of wheels, relative to the project file")
         links.append(os.path.abspath(directory))
     return tuple(links)
+
+
+def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[Extension, ...]:
+    """Each declared extension directory, checked (inside the project, a Python project of
+    regular files) and hashed as the lock records it."""
+    from envbuild.extensions.tree import extension
+
+    found: list[Extension] = []
+    for i, directory in enumerate(reader.strings(table, "extensions", [])):
+        try:
+            record = extension(root, directory, f"extension {quoted(directory)}")
+        except UsageError as exc:
+            raise reader.fail(["extensions", i], exc.message, exc.hint) from None
+        if any(record.dir == e.dir or record.name == e.name for e in found):
+            raise reader.fail(["extensions", i], f"extension {quoted(directory)} is declared twice "
+                                                 "(the same directory or distribution name)")
+        found.append(record)
+    return tuple(found)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envbuild.extensions.tree import Extension
 from envbuild.fleet.placement import Placement
 
 # What a build may install the closure with (project key "installer", lock --installer).
@@ -51,6 +52,7 @@ class Project:
     torch_index_url: str | None = None
     find_links: tuple[str, ...] = ()
     registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
+    extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()

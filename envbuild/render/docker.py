@@ -18,6 +18,7 @@ from typing import Any
 from envbuild.confine import WHEEL_NAME, confined, quoted, read_regular
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
+from envbuild.extensions.stage import context_files, stage_context
 from envbuild.fs import FileData
 from envbuild.render.lock import (
     Lock,
@@ -68,6 +69,8 @@ class RenderOptions:
     buildkit: bool = False
     # A --base-image's OS as the build read it from the image (engine/baseos.py), for the labels.
     base_os: str | None = None
+    # Where a lock's extension directories lie (the lock's own directory): see envbuild/extensions.
+    extension_root: Path | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -362,6 +365,8 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "installer": None if lock.pylock is None or lock.pylock.installer is None
         else lock.pylock.installer.name,
         "installer_file": INSTALLER_FILE,
+        **stage_context(lock.extensions, cuda=s.cuda, arch_list=s.arch_list,
+                        standalone=standalone is not None),
     }
 
 
@@ -394,6 +399,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         if lock.pylock.installer is not None:  # uv, for the steps that install the layers
             files[f"requirements/{INSTALLER_FILE}"] = lock.pylock.installer.requirement().encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
+        files.update(context_files(lock.extensions, options.extension_root))
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,

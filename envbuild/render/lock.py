@@ -45,6 +45,10 @@ Format (schema 1, JSON object, keys sorted):
   fleet             optional: where the target's nodes live (the project file's nodes,
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
                     Absent: no fleet keys (locks written before them read the same)
+  extensions        optional: [{"dir": relative to the lock (beside the project file), "name":
+                    the distribution's canonical name, "sha256": of its source tree}], local
+                    extensions built against the locked torch in the image build
+                    (``envbuild/extensions``). The built wheel's own sha256 is known only then.
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -63,6 +67,7 @@ from typing import Any
 from envbuild.confine import quoted
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
+from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleetmod
 from envbuild.redact import has_credentials, redact
 from envbuild.resolver.model import PYTORCH_INDEX, Stack
@@ -178,6 +183,7 @@ class Lock:
     base_offline: bool = False
     fleet: fleetmod.Placement | None = None
     compile_toolchain: bool = True
+    extensions: tuple[Extension, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -212,6 +218,8 @@ class Lock:
             data["base_offline"] = True
         if self.fleet is not None and not self.fleet.is_empty():
             data["fleet"] = self.fleet.to_json()
+        if self.extensions:  # absent when none, so locks written before them read the same
+            data["extensions"] = [e.to_json() for e in self.extensions]
         return data
 
 
@@ -468,6 +476,25 @@ def check_lock(lock: Lock) -> None:
             raise UsageError(f"invalid environment key {quoted(key)} in the lock",
                              hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
+    check_extensions(lock)
+
+
+def check_extensions(lock: Lock) -> None:
+    """Each extension's directory plain and relative, its name canonical, its digest hex;
+    only in a locked closure (the image checks its installed set against the lock)."""
+    from envbuild.extensions.tree import check_dir
+
+    if lock.extensions and lock.pylock is None:
+        raise UsageError("lock extensions need a locked closure (pylock)", hint="re-create the lock")
+    for ext in lock.extensions:
+        check_dir(ext.dir, "lock extension dir")
+        check_sha256(ext.sha256, "extension sha256")
+        if not _CANONICAL_RE.fullmatch(ext.name) or ext.name in lock.packages:
+            raise UsageError(f"invalid extension name {quoted(ext.name)} in the lock",
+                             hint="a canonical distribution name the closure does not hold")
+    if len({e.dir for e in lock.extensions}) != len(lock.extensions) or \
+            len({e.name for e in lock.extensions}) != len(lock.extensions):
+        raise UsageError("lock extensions name a directory or distribution twice")
 
 
 def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
@@ -553,7 +580,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain"})
+                            "compile_toolchain", "extensions"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -618,7 +645,21 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         base_offline=base_offline,
         fleet=fleetmod.from_json(data["fleet"]) if "fleet" in data else None,
         compile_toolchain=toolchain,
+        extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
     )
+
+
+def _list(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise UsageError(f"lock {field!r} must be a list")
+    return value
+
+
+def _extension(raw: Any) -> Extension:
+    if not isinstance(raw, dict) or set(raw) != {"dir", "name", "sha256"}:
+        raise UsageError("lock 'extensions' entries need dir, name and sha256, nothing else")
+    return Extension(dir=_str(raw["dir"], "extension dir"), name=_str(raw["name"], "extension name"),
+                     sha256=_str(raw["sha256"], "extension sha256"))
 
 
 def _pylock(raw: Any) -> PylockRef:

@@ -106,7 +106,21 @@ def compare_installed(
     installed, problems = installed_distributions(paths)
     if bootstrap is None:
         bootstrap = bootstrap_distributions(bundled_projects())
-    return problems + diff_installed(lock.get("packages") or {}, installed, bootstrap=bootstrap)
+    # The lock's extensions are built at image build time: their versions are not locked, but
+    # each must be installed, and nothing else beside the closure.
+    extensions = extension_names(lock)
+    missing = ["%s: an extension of the lock, not installed" % name
+               for name in sorted(extensions - set(installed))]
+    rest = {name: version for name, version in installed.items() if name not in extensions}
+    return problems + missing + diff_installed(lock.get("packages") or {}, rest, bootstrap=bootstrap)
+
+
+def extension_names(lock: Mapping[str, Any]) -> Set[str]:
+    """Canonical names of the lock's ``extensions`` (none when absent or malformed)."""
+    entries = lock.get("extensions")
+    if not isinstance(entries, list):
+        return set()
+    return {canonical_name(str(e["name"])) for e in entries if isinstance(e, dict) and "name" in e}
 
 
 def pins_whole_environment(lock: Mapping[str, Any]) -> bool:

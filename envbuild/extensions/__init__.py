@@ -1,0 +1,13 @@
+"""Extensions built against the locked torch: local source directories a project declares
+(``extensions = ["ext"]``), built into wheels in a build stage of the image.
+
+- :mod:`envbuild.extensions.tree` checks a declared directory (inside the project, holding a
+  ``pyproject.toml`` or ``setup.py``), reads its source tree as hostile input (regular files
+  only, no links, bounded) and hashes it: the sha256 the lock records.
+- :mod:`envbuild.extensions.stage` turns a lock's extensions into the build context's files
+  and the Dockerfile's build-stage values (``TORCH_CUDA_ARCH_LIST`` from the stack's arch list).
+
+The built wheel is made at image build time, so the lock records the source tree's sha256,
+not the wheel's; the build stage prints each built wheel's sha256 and the image keeps them in
+``/opt/envbuild/extension-wheels.sha256``.
+"""

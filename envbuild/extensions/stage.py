@@ -1,0 +1,71 @@
+"""A lock's extensions as a build context's files and the Dockerfile's build-stage values.
+
+Each extension's sources are read again from the lock's directory (the project's) and must
+still hash to the lock's sha256: a tree changed since ``lock`` is a stale lock (exit 11), never
+built silently. The stage (templates/partials/extensions_stage.j2) starts from the image's own
+base, installs the lock's torch (and project) layer from the same hash-pinned requirements as
+the image, adds a C++ compiler and the Python headers, and runs ``pip wheel --no-deps
+--no-build-isolation`` for each extension; the image installs only the built wheels.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from envbuild.confine import quoted
+from envbuild.errors import StaleLock, UsageError
+from envbuild.extensions.tree import Extension, source_tree, tree_sha256
+
+CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
+STAGE = "envbuild-extensions"
+SOURCES = "/tmp/envbuild-ext"  # where the stage builds them
+# What building a torch.utils.cpp_extension needs beyond the venv: a C++ compiler; the Python
+# headers too unless the standalone CPython (which carries its own) is the interpreter.
+BUILD_APT = ("g++",)
+HEADERS_APT = ("python3-dev",)
+_SM_RE = re.compile(r"sm_(\d+)(\d)([af]?)", re.ASCII)
+
+
+def context_files(extensions: Sequence[Extension], root: Path | None) -> dict[str, bytes]:
+    """{context path: bytes} of every extension's sources, read under ``root`` (the lock's
+    directory) and checked against the lock's sha256."""
+    if extensions and root is None:
+        raise UsageError("a lock with extensions renders from its own file",
+                         hint="pass --lock FILE (the extensions' directories are relative to it)")
+    files: dict[str, bytes] = {}
+    for ext in extensions:
+        assert root is not None
+        what = f"extension {quoted(ext.dir)}"
+        tree = source_tree(root, ext.dir, what)
+        if tree_sha256(tree) != ext.sha256:
+            raise StaleLock(f"{what}: its sources changed since the lock (their sha256 differs)",
+                            hint="run 'envbuild lock' and commit the result")
+        files.update({f"{CONTEXT_DIR}/{ext.dir}/{name}": data for name, data in tree.items()})
+    return files
+
+
+def torch_cuda_arch_list(cuda: str | None, arch_list: Sequence[str]) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` for the stack: its arch list (sm_80 → 8.0, sm_90a → 9.0a),
+    ';'-separated; None for a CPU stack or one whose arch list is not recorded."""
+    if cuda is None:
+        return None
+    found = [_SM_RE.fullmatch(arch) for arch in arch_list]
+    parts = [f"{m[1]}.{m[2]}{m[3]}" for m in found if m is not None]
+    return ";".join(parts) or None
+
+
+def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_list: Sequence[str],
+                  standalone: bool) -> dict[str, Any]:
+    """The template's values: the stage's name, each source directory (shell-quoted), the
+    apt packages building needs, and the arch list."""
+    return {
+        "extension_stage": STAGE if extensions else None,
+        "extension_dirs": [shlex.quote(f"{SOURCES}/{e.dir}") for e in extensions],
+        "extension_apt": sorted(BUILD_APT + (() if standalone else HEADERS_APT)),
+        "extension_sources": SOURCES,
+        "torch_cuda_arch_list": torch_cuda_arch_list(cuda, arch_list),
+    }

@@ -1,0 +1,131 @@
+"""An extension's source directory, read as hostile input and hashed.
+
+A project file may come from a pull request, so the directory it declares must lie inside the
+project once links are resolved, and its tree may hold only directories and regular files (a
+link is refused, never followed: it could pull any file of the machine into a build context),
+with names a build context can carry, at most ``MAX_FILES`` files and ``MAX_BYTES`` bytes.
+Build leftovers (``build/``, ``dist/``, ``*.egg-info``, ``__pycache__``, ``.git``) are passed
+over: they are not sources. The sha256 covers each file's relative path and bytes, sorted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.confine import confined, quoted, read_regular, token
+from envbuild.errors import UsageError
+
+MAX_FILES = 2000
+MAX_BYTES = 64 * 1024 * 1024
+MARKERS = ("pyproject.toml", "setup.py")
+# A declared directory: relative, '/'-separated, no '.' or '..' part, nothing a shell or a
+# Dockerfile reads as syntax.
+DIR_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*"
+                    r"(?:/[A-Za-z0-9_][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*){0,7}", re.ASCII)
+_NAME_RE = re.compile(r"[A-Za-z0-9_.+=@-]{1,128}", re.ASCII)
+_SKIPPED = frozenset({".git", "__pycache__", "build", "dist", ".eggs"})
+_PROJECT_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?", re.ASCII)
+HINT = "a directory inside the project holding a pyproject.toml or setup.py"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Extension:
+    """One extension as the lock records it: its directory (relative to the project file),
+    its distribution's canonical name and the sha256 of its source tree."""
+
+    dir: str
+    name: str
+    sha256: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"dir": self.dir, "name": self.name, "sha256": self.sha256}
+
+
+def check_dir(text: str, what: str) -> str:
+    """``text`` as a declared extension directory, else UsageError naming ``what``."""
+    if len(text) > 200 or not DIR_RE.fullmatch(text):
+        raise UsageError(f"{what}: {quoted(text)} is not a plain relative directory",
+                         hint="a path relative to the project file: letters, digits, _ + - . and /, "
+                              "no '..', not absolute")
+    return text
+
+
+def source_tree(root: Path, directory: str, what: str) -> dict[str, bytes]:
+    """{relative path: bytes} of the extension's sources under ``root / directory``."""
+    base = confined(root / directory, [root], what, outside_hint=HINT)
+    if not base.is_dir():
+        problem = "does not exist" if not base.exists() else "is not a directory"
+        raise UsageError(f"{what} {problem}", hint=HINT)
+    files: dict[str, bytes] = {}
+    _walk(base, "", files, what)
+    if not any(isinstance(files.get(m), bytes) for m in MARKERS):
+        raise UsageError(f"{what} holds neither pyproject.toml nor setup.py",
+                         hint="an extension is a Python project: add its pyproject.toml or setup.py")
+    return dict(sorted(files.items()))
+
+
+def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str) -> None:
+    with os.scandir(directory) as entries:
+        ordered = sorted(entries, key=lambda e: e.name)
+    for entry in ordered:
+        if entry.name in _SKIPPED or entry.name.endswith(".egg-info"):
+            continue
+        shown = f"{what}: {token(prefix + entry.name)}"
+        if not _NAME_RE.fullmatch(entry.name):
+            raise UsageError(f"{shown} has characters a build context never carries",
+                             hint="rename it: letters, digits and _ . + = @ - only")
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            _walk(Path(entry.path), f"{prefix}{entry.name}/", files, what)
+        elif stat.S_ISREG(mode):
+            files[prefix + entry.name] = read_regular(Path(entry.path), shown, limit=MAX_BYTES)
+            _bounded(files, what)
+        else:
+            raise UsageError(f"{shown} is a symbolic link or not a regular file",
+                             hint="an extension's sources are plain files: copy them in")
+
+
+def _bounded(files: dict[str, bytes], what: str) -> None:
+    if len(files) > MAX_FILES or sum(len(d) for d in files.values()) > MAX_BYTES:
+        raise UsageError(f"{what} holds more than {MAX_FILES} files or {MAX_BYTES // 1024 ** 2} MiB",
+                         hint="an extension's sources only: move data and build outputs elsewhere")
+
+
+def tree_sha256(files: dict[str, bytes]) -> str:
+    """sha256 over each (relative path, bytes), sorted by path, each length-prefixed."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        encoded = name.encode("utf-8")
+        digest.update(len(encoded).to_bytes(8, "big") + encoded)
+        digest.update(len(files[name]).to_bytes(8, "big") + files[name])
+    return digest.hexdigest()
+
+
+def distribution_name(files: dict[str, bytes], directory: str) -> str:
+    """The canonical name of the distribution the directory builds: its pyproject's
+    ``[project] name``, else (setup.py only) the directory's own name."""
+    from packaging.utils import canonicalize_name
+
+    name = None
+    if "pyproject.toml" in files:
+        from envbuild.project.toml import parse
+
+        try:
+            table = parse(files["pyproject.toml"].decode("utf-8"), "pyproject.toml").get("project")
+        except (UnicodeDecodeError, UsageError):
+            table = None
+        name = table.get("name") if isinstance(table, dict) else None
+    if not isinstance(name, str) or not _PROJECT_NAME_RE.fullmatch(name):
+        name = directory.rsplit("/", 1)[-1]
+    return str(canonicalize_name(name))
+
+
+def extension(root: Path, directory: str, what: str) -> Extension:
+    """The lock's record of the extension in ``root / directory``."""
+    files = source_tree(root, check_dir(directory, what), what)
+    return Extension(dir=directory, name=distribution_name(files, directory), sha256=tree_sha256(files))
