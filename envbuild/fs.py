@@ -109,17 +109,8 @@ def write_file(path: Path, data: bytes, *, mode: int = FILE_MODE, sync: bool = T
     Anything at ``path`` but a regular file is refused (UsageError), never replaced."""
     path = Path(path)
     check_file_target(path)
+    tmp = _temporary_beside(path, data, mode=mode, sync=sync)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise UnwritableDirectory(exc.errno, exc.strerror, str(path.parent)) from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            if sync:
-                os.fsync(handle.fileno())
-        os.chmod(tmp, mode)  # mkstemp's 0600 is not what a reader of the output expects
         check_file_target(path)  # again: the slow write left time for the path to change
         os.replace(tmp, path)
     except BaseException as exc:
@@ -258,9 +249,10 @@ class _Staged:
             self.backup.unlink(missing_ok=True)
 
 
-def _stage(path: Path, data: bytes) -> _Staged:
-    """``data`` written and synced beside ``path`` under a temporary name, 0644; the old file kept."""
-    check_file_target(path)
+def _temporary_beside(path: Path, data: bytes, *, mode: int, sync: bool) -> str:
+    """``data`` in a new temporary file beside ``path`` (its name hidden, ``.NAME.*.tmp``), chmod
+    ``mode`` (mkstemp's 0600 is not what a reader of the output expects), synced when ``sync``;
+    its name. Nothing is left behind when the write fails."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
@@ -269,8 +261,20 @@ def _stage(path: Path, data: bytes) -> _Staged:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, FILE_MODE)
+            if sync:
+                os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _naming(exc, path) from None
+    return tmp
+
+
+def _stage(path: Path, data: bytes) -> _Staged:
+    """``data`` written and synced beside ``path`` under a temporary name, 0644; the old file kept."""
+    check_file_target(path)
+    tmp = _temporary_beside(path, data, mode=FILE_MODE, sync=True)
+    try:
         item = _Staged(path, Path(tmp))
         item.keep_old()
     except BaseException as exc:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
+from envbuild.confine import quoted
 from envbuild.errors import UsageError
 
 Launcher = Literal["docker", "pyxis", "apptainer", "host"]
@@ -101,7 +102,7 @@ def check_count(value: Any, key: str, most: int) -> int:
 
 def check_partition(text: str) -> str:
     if not _PARTITION_RE.fullmatch(text):
-        raise UsageError(f"invalid Slurm partition {text!r}",
+        raise UsageError(f"invalid Slurm partition {quoted(text)}",
                          hint="letters, digits and _ . - (as sinfo shows it)")
     return text
 
@@ -110,13 +111,13 @@ def check_gres(text: str) -> str:
     if not _GRES_RE.fullmatch(text):
         hint = ("the count comes from gpus-per-node: write gres = \"gpu:TYPE\""
                 if text.count(":") >= 2 else "gpu or gpu:TYPE, as the node's gres.conf names it")
-        raise UsageError(f"invalid Slurm gres {text!r}", hint=hint)
+        raise UsageError(f"invalid Slurm gres {quoted(text)}", hint=hint)
     return text
 
 
 def check_launcher(text: str) -> Launcher:
     if not _is_launcher(text):
-        raise UsageError(f"unknown launcher {text!r}", hint=" | ".join(LAUNCHERS))
+        raise UsageError(f"unknown launcher {quoted(text)}", hint=" | ".join(LAUNCHERS))
     return text
 
 
@@ -126,23 +127,24 @@ def _is_launcher(text: str) -> TypeGuard[Launcher]:
 
 def check_host_python(text: str) -> str:
     if not _PATH_RE.fullmatch(text) or "/../" in f"{text}/" or "/./" in f"{text}/":
-        raise UsageError(f"invalid host-python {text!r}",
+        raise UsageError(f"invalid host-python {quoted(text)}",
                          hint=f"an absolute path to the node's interpreter, e.g. {DEFAULT_HOST_PYTHON}")
     return text
 
 
 def check_runner_label(text: str) -> str:
     if not _LABEL_RE.fullmatch(text):
-        raise UsageError(f"invalid runner label {text!r}", hint="letters, digits and _ . - (a runs-on label)")
+        raise UsageError(f"invalid runner label {quoted(text)}",
+                         hint="letters, digits and _ . - (a runs-on label)")
     return text
 
 
 def check_node_label(key: str, value: str) -> tuple[str, str]:
     if len(key) > 253 or not _K8S_KEY_RE.fullmatch(key):
-        raise UsageError(f"invalid node label key {key!r}",
+        raise UsageError(f"invalid node label key {quoted(key)}",
                          hint="a Kubernetes label key, e.g. nvidia.com/gpu.product")
     if not _K8S_VALUE_RE.fullmatch(value):
-        raise UsageError(f"invalid node label value {value!r}",
+        raise UsageError(f"invalid node label value {quoted(value)}",
                          hint="up to 63 letters, digits and _ . -, as `kubectl get node --show-labels` shows")
     return key, value
 
