@@ -284,3 +284,19 @@ def test_quiet_drops_progress_lines_but_not_the_error(tmp_path: Path,
     code, _, err = run(capsys, [*argv, "-q"], env)
     assert code == 4 and "refreshing from" not in err
     assert err.startswith("envbuild: error[data]:")
+
+
+def test_a_refresh_progress_line_says_how_the_metadata_was_had() -> None:
+    """#29: each release printed a cryptic '0 bytes (range)'."""
+    from typing import cast
+
+    from envbuild.upstream.simple_api import MetadataRead, WheelFile
+    from envbuild.upstream.torch_facts import how_read
+
+    wheel = cast(WheelFile, None)  # how_read looks at the way it was read, not at the wheel
+    cached = MetadataRead(wheel=wheel, text="", method="range", bytes_transferred=0)
+    assert how_read(cached) == "from the refresh cache"
+    ranged = MetadataRead(wheel=wheel, text="", method="range", bytes_transferred=65536)
+    assert how_read(ranged) == "65536 bytes read, byte ranges of the wheel"
+    pep658 = MetadataRead(wheel=wheel, text="", method="pep658", bytes_transferred=900)
+    assert how_read(pep658) == "900 bytes read, its .metadata file (PEP 658)"

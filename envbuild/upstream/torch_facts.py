@@ -118,7 +118,7 @@ def torch_facts(
             continue
         read = client.wheel_metadata(preferred_wheel(linux))
         facts.append(torch_fact(version, linux, read))
-        _report(progress, f"torch {version}: {read.bytes_transferred} bytes ({read.method})")
+        _report(progress, f"torch {version}: metadata {how_read(read)}")
     return tuple(facts)
 
 
@@ -184,6 +184,14 @@ def variant_of(cuda_runtime: str) -> str:
     return f"cu{release[0]}{release[1] if len(release) > 1 else 0}"
 
 
+def how_read(read: MetadataRead) -> str:
+    """How a wheel's metadata was had, for a progress line: from the cache, or what it cost."""
+    if read.bytes_transferred == 0:
+        return "from the refresh cache"
+    how = "its .metadata file (PEP 658)" if read.method == "pep658" else "byte ranges of the wheel"
+    return f"{read.bytes_transferred} bytes read, {how}"
+
+
 def companion_facts(
     client: IndexReader,
     project: str,
@@ -200,7 +208,8 @@ def companion_facts(
         read = client.wheel_metadata(wheel)
         requirement = torch_requirement(read.text)
         torch = exact_pin(requirement) if requirement else None
-        _report(progress, f"{project} {version}: torch {torch} ({read.bytes_transferred} bytes)")
+        _report(progress, f"{project} {version}: requires torch {torch or 'without an exact pin'} "
+                          f"(metadata {how_read(read)})")
         if torch is not None and Version(torch) < since:
             break
         facts.append(
