@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schemas
 
 from envbuild.engine import build
 from envbuild.engine.context import context_tar
@@ -237,6 +238,12 @@ def test_clean_removes_leftovers_and_runs_warn_about_them(client: Any, cpu_image
     done = envbuild("clean")
     assert done.returncode == 0 and "removed 1 container(s)" in done.stdout
     assert ours(client) == []
+    left = client.create_container(cpu_image, command=["true"], labels={LABEL: "verify"})
+    done = envbuild("clean", "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    schemas.check("clean.schema.json", document)
+    assert [c[:12] for c in document["removed"]] == [left["Id"][:12]] and ours(client) == []
 
 
 @pytest.fixture(autouse=True)

@@ -27,8 +27,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
+import schemas
 from conftest import run_registry
 
+from envbuild.commands import cli
 from envbuild.engine.publish import push_failed, tag_digest
 from envbuild.errors import DataError
 from envbuild.registry.client import RegistryClient, trusted_ca
@@ -208,7 +210,7 @@ def tls_registry(tls_files: tuple[Path, Path, Path],
 
 def test_a_tls_registry_with_a_login_gives_the_digest_and_promote_tags_it(
         tls_registry: tuple[str, str], tls_files: tuple[Path, Path, Path], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """docs/faults.md U1: https with the CA from certs.d, Basic auth from DOCKER_CONFIG; the
     digest lookup and promote's PUT both log in; the secret is in no output."""
     host, digest = tls_registry
@@ -220,6 +222,20 @@ def test_a_tls_registry_with_a_login_gives_the_digest_and_promote_tags_it(
     assert tag_digest(f"{host}/envbuild/tiny@{digest}", "stable", env) == digest
     assert image_digest(f"{host}/envbuild/tiny:stable", env=env, certs_d=certs_d) == digest
     assert not any(SECRET in line for line in logged)
+    # the command, --json: a report of a GPU run of that digest lets it tag "gpu-ok"
+    report = tmp_path / "verify.json"
+    report.write_text(json.dumps({"envbuild.verify": {"digest": digest, "exit_code": 0, "cpu_ok": False},
+                                  "checks": [{"name": "gpu.kernel@cuda:0", "status": "pass", "gpu": True}],
+                                  "torch": {"cuda": "13.0", "devices": ["NVIDIA H100 80GB HBM3"]}}))
+    capsys.readouterr()
+    code = cli.main(["promote", f"{host}/envbuild/tiny@{digest}", "gpu-ok", "--verified-report", str(report),
+                     "--json"], env)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    schemas.check("promote.schema.json", document)
+    assert (document["digest"], document["tag"]) == (digest, "gpu-ok") and SECRET not in captured.out
+    assert image_digest(f"{host}/envbuild/tiny:gpu-ok", env=env, certs_d=certs_d) == digest
 
 
 def test_a_tls_registry_through_a_credential_helper(tls_registry: tuple[str, str],

@@ -81,9 +81,11 @@ def add_commands(commands: Any) -> None:
                    help="accept a smoke test that ran without a GPU (verify --cpu-ok); by default "
                         "promote takes only a run that used a GPU")
     p.add_argument("--gpus", default="all", metavar="all|N|none", help="as verify --gpus")
+    p.add_argument("--json", action="store_true", help="print what was tagged as JSON (envbuild.promote/1)")
     p.set_defaults(run=cmd_promote)
 
     c = commands.add_parser("clean", help="remove containers envbuild left behind")
+    c.add_argument("--json", action="store_true", help="print what was removed as JSON (envbuild.clean/1)")
     c.set_defaults(run=cmd_clean)
 
 
@@ -363,10 +365,16 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
         verify_args = argparse.Namespace(
             image=args.image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
             shm_size="2g", tier=None, report=None, json=False)
-        cmd_verify(verify_args, env, out)  # raises on any failure: nothing is tagged
+        # raises on any failure: nothing is tagged; with --json its summary goes to stderr
+        cmd_verify(verify_args, env, _err if args.json else out)
     repository = args.image.partition("@")[0]
     repository = repository.rpartition(":")[0] if _has_tag(repository) else repository
     digest = tag_digest(args.image, args.tag, env)
+    if args.json:
+        out(json.dumps({"schema": "envbuild.promote/1", "repository": repository, "digest": digest,
+                        "tag": args.tag, "verified_by": args.verified_report or "verify run here"},
+                       indent=2))
+        return 0
     out(f"promoted {repository}@{digest} to {repository}:{args.tag}")
     return 0
 
@@ -408,5 +416,8 @@ def cmd_clean(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     from envbuild.engine.daemon import connect
 
     removed = clean(connect(env))
+    if args.json:
+        out(json.dumps({"schema": "envbuild.clean/1", "removed": list(removed)}, indent=2))
+        return 0
     out(f"removed {len(removed)} container(s)" + (f": {' '.join(removed)}" if removed else ""))
     return 0
