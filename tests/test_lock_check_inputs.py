@@ -112,7 +112,8 @@ def test_a_wrong_index_password_is_exit_4_naming_authentication(
     wrong = {**env, "PIP_INDEX_URL": refusing_index.replace("://", "://u:wrong-pw@")}
     code, _, err = run(capsys, wrong, "lock")
     assert code == 4, err
-    error = next(line for line in err.splitlines() if line.startswith("envbuild: error"))  # after lock's steps
+    # the error line comes after lock's progress lines
+    error = next(line for line in err.splitlines() if line.startswith("envbuild: error"))
     assert error.startswith("envbuild: error[data]: the index refused uv's credentials (401 Unauthorized): "
                             "authentication failed")
     assert "wrong-pw" not in err and "cannot be satisfied" not in err
