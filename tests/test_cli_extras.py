@@ -300,3 +300,11 @@ def test_a_refresh_progress_line_says_how_the_metadata_was_had() -> None:
     assert how_read(ranged) == "65536 bytes read, byte ranges of the wheel"
     pep658 = MetadataRead(wheel=wheel, text="", method="pep658", bytes_transferred=900)
     assert how_read(pep658) == "900 bytes read, its .metadata file (PEP 658)"
+
+
+@pytest.mark.parametrize("relation", ["gpus", "torch_variants", "cuda_toolkits", "driver_branches"])
+def test_matrix_show_json_is_every_row_with_its_source(relation: str, capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    code, out, _ = run(capsys, ["matrix", "show", relation, "--json"], base_env(tmp_path))
+    assert code == 0
+    valid("matrix-show.schema.json", json.loads(out))

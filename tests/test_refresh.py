@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schemas
 import yaml
 
 from envbuild.commands import cli
@@ -228,6 +229,7 @@ def test_dry_run_and_json_write_nothing(upstream: Upstream, data: Path, env: dic
     before = snapshot(data)
     assert cli.main(argv(upstream, data, "--dry-run", "--json"), env) == 0
     report = json.loads(capsys.readouterr().out)
+    schemas.check("matrix-refresh.schema.json", report)
     assert report["dry_run"] and report["changes"]["cuda_toolkits"]["added"] == 1
     assert snapshot(data) == before
 
