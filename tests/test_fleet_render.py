@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import schemas
 import yaml
 from fleet_lock import DIGEST, IMAGE, write_lock
 
@@ -150,3 +151,23 @@ def test_no_target_for_the_engine_is_a_usage_error(capsys: pytest.CaptureFixture
                                                    tmp_path: Path) -> None:
     code, _, err = render(capsys, tmp_path, "kubernetes", placements={"a10": A10})
     assert code == 2 and "no target of the lock says where its nodes are under kubernetes" in err
+
+
+@pytest.mark.parametrize("engine", ["slurm", "kubernetes"])
+def test_render_json_lists_the_files_and_each_targets_nodes(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path, engine: str) -> None:
+    lock = write_lock(tmp_path, {"h100": H100, "a10": A10})
+    out = tmp_path / "out"
+    argv = ["fleet", "render", "--engine", engine, "--lock", str(lock), "-o", str(out), "--json",
+            "--image", f"h100={IMAGE}", "--image", f"a10={IMAGE}"]
+    code = main(argv, env={})
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    schemas.check("written.schema.json", document)
+    assert document["schema"] == "envbuild.fleet-render/1" and document["engine"] == engine
+    # a10 says where its nodes are for Slurm only
+    expected = [("a10", 2), ("h100", 4)] if engine == "slurm" else [("h100", 4)]
+    assert sorted((t["name"], t["nodes"]) for t in document["targets"]) == expected
+    assert [f["path"] for f in document["files"]] == sorted(
+        p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())

@@ -28,6 +28,8 @@ def add_commands(commands: Any) -> None:
     _add_common(r)
     r.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     r.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    r.add_argument("--json", action="store_true",
+                   help="print what was written as JSON (envbuild.fleet-render/1)")
     r.set_defaults(run=cmd_render)
     v = sub.add_parser("verify", help="submit, wait, collect every node's report; exit 0 only when all pass")
     _add_common(v)
@@ -79,6 +81,12 @@ def cmd_render(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
 
     targets, files = _files(args)
     write_output(files, Path(args.output), force=args.force)
+    if args.json:
+        from envbuild.commands.options import written_json
+
+        out(written_json("envbuild.fleet-render/1", Path(args.output), engine=args.engine,
+                         targets=[{"name": t.name, "nodes": t.nodes} for t in targets]))
+        return 0
     out(f"wrote {args.output}/ for {len(targets)} target{'s' if len(targets) != 1 else ''}: "
         + ", ".join(f"{t.name} ({t.nodes} nodes)" for t in targets))
     return 0
