@@ -76,8 +76,11 @@ def pythons(family: Family, ask: Request, ix: Index) -> list[str]:
         return [py for py in family.python if py == asked.text]
     if asked is None:  # newest first, those the companions have wheels for before the rest
         row = ix.companions.get(family.row["torch"])
-        newest = ix.pythons_newest_first(family.python)
-        return sorted(newest, key=lambda py: len(companions_for(py, row)) < _recorded(row))
+        newest = list(ix.pythons_newest_first(family.python))
+        if not row or not any(row.get(f"{name}_python") for name in COMPANIONS):
+            return newest  # no companion records its Pythons: every Python has them all
+        recorded = _recorded(row)  # once, not per comparison: this runs for every family
+        return sorted(newest, key=lambda py: len(companions_for(py, row)) < recorded)
     return [py for py in ix.pythons_newest_first(family.python) if asked.admits(py)]
 
 
