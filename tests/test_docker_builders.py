@@ -28,7 +28,8 @@ from test_docker_e2e import CPU_TAG, TORCH_WHEEL, all_containers, base_image, cl
 from envbuild.engine.builders import BuildahBuilder
 from envbuild.engine.context import context_tar
 from envbuild.errors import BuildFailed
-from envbuild.upstream.registry import ACCEPT, image_digest
+from envbuild.registry.digest import image_digest
+from envbuild.registry.reference import ACCEPT
 
 pytestmark = pytest.mark.docker
 __all__ = ["base_image", "client"]  # fixtures shared with test_docker_e2e

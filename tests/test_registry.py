@@ -1,4 +1,4 @@
-"""The base image's digest from a registry (envbuild/upstream/registry.py; docs/faults.md H1–H6).
+"""The base image's digest from a registry (envbuild/registry/; docs/faults.md H1–H6).
 
 A fake registry and token server (http.server on 127.0.0.1, in threads) play each answer a
 registry can give; the last tests push the local Debian base image to a real registry,
@@ -29,10 +29,11 @@ import requests
 from conftest import push_image, run_registry
 
 from envbuild.errors import DataError, EnvbuildError, UsageError
+from envbuild.registry import reference as registry
+from envbuild.registry.digest import image_digest
+from envbuild.registry.reference import ImageReference, parse_reference, pinned
 from envbuild.render.lock import check_image_reference
-from envbuild.upstream import registry
 from envbuild.upstream.http_client import HttpClient, HttpPolicy
-from envbuild.upstream.registry import ImageReference, image_digest, parse_reference, pinned
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
