@@ -8,11 +8,13 @@ installed in; a clean venv shows the honest figure, since every `.pth` file in
 site-packages slows the bare start too), from a temporary directory outside the
 checkout, with PYTHONPATH unset, so that the installed envbuild is what runs:
 
-- the `envbuild` console script installed next to this interpreter, which is what users
-  type, for each resolve form (plain options, a GPU name, each version specifier, the
-  `--opt=value` spelling). pip's launcher imports `re` before it hands over to envbuild,
-  so its floor is printed too: `python -c "import re"`;
-- `python -m envbuild`, whose floor is `runpy`'s imports.
+- the `envbuild` command installed next to this interpreter, which is what users type, for
+  each resolve form (plain options, a GPU name, each version specifier, the `--opt=value`
+  spelling). It is bin/envbuild, installed as the wheel's script: an entry point's launcher
+  (pip's imports `re`, printed as a floor: `python -c "import re"`) would cost most of the
+  budget before envbuild starts;
+- `python -m envbuild`, whose floor, `runpy` finding and running a module, is printed too:
+  `python -m` of an empty module.
 
 The first run of each form warms the on-disk index cache (in a temporary cache
 directory), as a user's second run would find it. envbuild's bytecode is compiled first, as
@@ -41,7 +43,8 @@ FORMS = [
     ["resolve", "--cuda", "12.4"],
     ["resolve", "--driver=550"],
 ]
-FLOORS = 2  # the first two commands measured are the floors, not envbuild
+FLOORS = 3  # the first three commands measured are the floors, not envbuild
+EMPTY = "envbuild_bench_empty"  # the empty module `python -m` runs for its floor
 
 
 def label(argv: list[str]) -> str:
@@ -50,12 +53,13 @@ def label(argv: list[str]) -> str:
 
 def commands() -> list[tuple[str, list[str]]]:
     found = [("python -c pass", [sys.executable, "-c", "pass"]),
-             ("python -c 'import re'", [sys.executable, "-c", "import re"])]
+             ("python -c 'import re'", [sys.executable, "-c", "import re"]),
+             ("python -m (an empty module)", [sys.executable, "-m", EMPTY])]
     script = os.path.join(os.path.dirname(sys.executable), "envbuild")
     if os.access(script, os.X_OK):
         found += [(f"envbuild {label(argv)}", [script, *argv]) for argv in FORMS]
     else:
-        print(f"no console script at {script}: install envbuild into this interpreter's "
+        print(f"no envbuild command at {script}: install envbuild into this interpreter's "
               "environment to measure it", file=sys.stderr)
     found.append((f"python -m envbuild {label(FORMS[1])}", [sys.executable, "-m", "envbuild",
                                                            *FORMS[1]]))
@@ -73,6 +77,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-") as outside:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ENVBUILD_NO_CACHE")}
         env["XDG_CACHE_HOME"] = os.path.join(outside, "cache")
+        with open(os.path.join(outside, f"{EMPTY}.py"), "w", encoding="utf-8"):
+            pass  # `python -m` finds it in the working directory, as it would find envbuild
         where = subprocess.run([sys.executable, "-c", "import envbuild; print(envbuild.__file__)"],
                                check=True, capture_output=True, text=True, cwd=outside, env=env)
         print(f"envbuild measured: {where.stdout.strip()}")

@@ -217,3 +217,39 @@ def test_a_warm_plain_resolve_starts_without_the_costly_imports(argv: tuple[str,
     costly = {"argparse", "dataclasses", "typing", "packaging.version", "packaging.specifiers",
               "json.decoder", "pathlib", "envbuild.commands.cli", "re"}
     assert imported & costly == set()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_envbuild_command_is_the_shipped_script_not_an_entry_point_launcher() -> None:
+    # An entry point's launcher is written by the installer, and pip's imports `re` first:
+    # about 1.6x a bare interpreter on its own (bench/bench_resolve.py). The wheel ships
+    # bin/envbuild as its script instead; a [project.scripts] entry of the same name would
+    # replace it with that launcher again.
+    from envbuild.project.toml import parse
+
+    project = parse((ROOT / "pyproject.toml").read_text(encoding="utf-8"), "pyproject.toml")
+    wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["shared-scripts"] == {"bin/envbuild": "envbuild"}
+    assert "envbuild" not in project["project"].get("scripts", {})
+    script = ROOT / "bin" / "envbuild"
+    assert os.access(script, os.X_OK)
+    assert script.read_text(encoding="utf-8").startswith("#!/usr/bin/env python3\n")
+
+
+def test_the_shipped_script_answers_as_python_m_does_and_imports_no_re(tmp_path: Path) -> None:
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env.pop("ENVBUILD_NO_CACHE", None)
+    argv = ["resolve", "--driver", "550", "--json"]
+    by_module = subprocess.run([sys.executable, "-m", "envbuild", *argv], env=env, check=True,
+                               capture_output=True, text=True, cwd=tmp_path)
+    by_script = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "bin" / "envbuild"),
+                                *argv], env=env, check=True, capture_output=True, text=True,
+                               cwd=tmp_path)
+    assert by_script.stdout == by_module.stdout
+    assert json.loads(by_script.stdout)["stacks"]
+    imported = {line.split("|")[-1].strip() for line in by_script.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "envbuild.__main__" in imported
+    assert "re" not in imported
