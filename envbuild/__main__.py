@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def run() -> None:
-    """The ``envbuild`` console script and ``python -m envbuild``: run, then exit.
+    """The ``envbuild`` command (bin/envbuild) and ``python -m envbuild``: run, then exit.
 
     A resolved plain ``resolve`` leaves only its printed text behind, so the process ends
     with ``os._exit`` once stdout and stderr are flushed: an orderly interpreter shutdown

@@ -1,7 +1,7 @@
 """The start-up fast path for plain ``resolve`` (envbuild/__main__.py) against the CLI.
 
 The fast path must print exactly what the argparse CLI prints, hand everything it is
-unsure of to the CLI, and, as the console script, exit with everything flushed.
+unsure of to the CLI, and, as the envbuild command, exit with everything flushed.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_the_fast_path_and_the_cli_read_the_same_selectors() -> None:
 
 def _console(*argv: str, tmp_path: Path, stdout: Any,
              stderr: Any) -> subprocess.CompletedProcess[bytes]:
-    """``run()``, the console script's entry, in a process of its own."""
+    """``run()``, the envbuild command's entry, in a process of its own."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("PYTHONUNBUFFERED", None)  # buffered, as a user's shell has it
     code = "from envbuild.__main__ import run; run()"
