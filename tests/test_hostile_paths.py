@@ -215,6 +215,24 @@ def test_a_pylock_beside_the_lock_that_links_outside_is_refused(
         lockset.read_lockset(path)
 
 
+def test_a_find_links_directory_outside_the_project_is_refused(tmp_path: Path) -> None:
+    """docs/faults.md Q5: a project file from a pull request cannot point uv (and so the image)
+    at the machine's own wheel directories; the command line's --find-links still can."""
+    root = tmp_path / "project"
+    write(root, {"envbuild.toml": 'find-links = ["/etc"]\n'})
+    assert "find-links[0]: directory '/etc' is outside the project" in refused(root)
+    (tmp_path / "private-wheels").mkdir()
+    write(root, {"envbuild.toml": 'find-links = ["../private-wheels"]\n'})
+    assert "find-links[0]" in refused(root)
+    (root / "wheels").symlink_to(tmp_path / "private-wheels")
+    write(root, {"envbuild.toml": 'find-links = ["wheels"]\n'})
+    line = refused(root)
+    assert "is outside the project" in line and "lock --find-links DIR" in line
+    (root / "wheels").unlink()
+    (root / "wheels").mkdir()
+    assert load_project(None, root).find_links == (str(root / "wheels"),)
+
+
 # --- Q2: no error quotes file content ----------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envbuild.confine import quoted, read_confined, token
+from envbuild.confine import confined, quoted, read_confined, token
 from envbuild.errors import UsageError
 from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleet
@@ -395,7 +395,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
             check_url(url, "registry-mirrors")
         except UsageError as exc:
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
-    find_links = _find_links(reader, table, root)
+    find_links = _find_links(reader, table, root, cwd)
     extensions = _extensions(reader, table, root)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
@@ -511,8 +511,11 @@ def _dependencies(reader: _Reader, table: Mapping[str, Any], document: Mapping[s
     return gathered
 
 
-def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[str, ...]:
-    """URLs as written; local directories made absolute (relative to the project file)."""
+def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path,
+                cwd: Path) -> tuple[str, ...]:
+    """URLs as written; local directories made absolute (relative to the project file), each
+    inside the project (links resolved): a project file from a pull request must not point uv,
+    and so the image, at a directory of the machine's own (a CI runner's private wheels)."""
     links = []
     for i, link in enumerate(reader.strings(table, "find-links", [])):
         if "://" in link:
@@ -527,6 +530,12 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
         if not directory.is_dir():
             raise reader.fail(["find-links", i], f"{quoted(link)} is not a directory",
                               "an http(s) URL or a directory of wheels, relative to the project file")
+        try:
+            confined(directory, project_roots(root, cwd), f"directory {quoted(link)}",
+                     outside_hint="a directory inside the project; a wheelhouse elsewhere goes on "
+                                  "the command line (lock --find-links DIR)")
+        except UsageError as exc:
+            raise reader.fail(["find-links", i], exc.message, exc.hint) from None
         links.append(os.path.abspath(directory))
     return tuple(links)
 
