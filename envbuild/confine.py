@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from envbuild.errors import UsageError
-from envbuild.redact import redact
+from envbuild.redact import SCAN_LIMIT, cut, redact
 
 TEXT_LIMIT = 16 * 1024 * 1024  # a project file, a requirements file, a pylock
 WHEEL_LIMIT = 16 * 1024 ** 3  # the largest torch wheels are a few GB
@@ -41,8 +41,8 @@ def token(text: str, limit: int = TOKEN_LIMIT) -> str:
     """``text`` as an error may show it: cut at ``limit`` characters (``…`` marks a cut),
     every character that is not printable escaped (``\\n``, ``\\x00``, ``\\u2028``: no
     line break or terminal escape reaches the error line), credentials masked."""
-    short = text[:limit] + ("…" if len(text) > limit else "")
-    return redact("".join(c if c.isprintable() else _escaped(c) for c in short))
+    masked = redact(text[:SCAN_LIMIT])  # before the cut: no part of a credential is left
+    return cut("".join(c if c.isprintable() else _escaped(c) for c in masked[:limit + 1]), limit)
 
 
 def quoted(text: object) -> str:
@@ -51,7 +51,7 @@ def quoted(text: object) -> str:
     nested table's repr is neither short nor safe)."""
     if not isinstance(text, str):
         return f"(a {type(text).__name__})"
-    return redact(repr(text[:TOKEN_LIMIT] + ("…" if len(text) > TOKEN_LIMIT else "")))
+    return repr(cut(text, TOKEN_LIMIT))
 
 
 def _escaped(char: str) -> str:

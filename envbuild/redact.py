@@ -64,9 +64,25 @@ def server_text(text: str, limit: int = SERVER_TEXT_LIMIT) -> str:
     escape sequences removed, other control characters as spaces, whitespace collapsed,
     credentials and tokens masked (before the cut, so no part of one is left), at most
     ``limit`` characters (``…`` marks a cut)."""
-    text = " ".join(_CONTROL.sub(" ", _ESCAPE.sub("", text)).split())
-    text = redact(text)
-    return text if len(text) <= limit else text[:limit].rstrip() + "…"
+    text = " ".join(_CONTROL.sub(" ", _ESCAPE.sub("", text[:SCAN_LIMIT])).split())
+    return cut(text, limit)
+
+
+# How much of a text is masked before it is cut: bounded work on a 16 MB line, and far more
+# than any credential an error could show the start of.
+SCAN_LIMIT = 64 * 1024
+# A URL's scheme and authority left open by a cut (``https://user:pass`` with its ``@`` cut off).
+_OPEN_AUTHORITY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*$")
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` masked, then cut at ``limit`` characters (``…`` marks a cut): masking first
+    leaves no part of a credential the cut would have split; a URL whose authority the cut
+    leaves open shows its scheme only, since the ``@`` that marks a userinfo may be past it."""
+    text = redact(text[:SCAN_LIMIT])
+    if len(text) <= limit:
+        return text
+    return _OPEN_AUTHORITY.sub(lambda m: f"{m[1]}{MASK}", text[:limit].rstrip()) + "…"
 
 
 def redact_optional(text: str | None) -> str | None:

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from envbuild.project.config import load_project
 from envbuild.project.toml import line_of
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.install import local_wheels
+from envbuild.redact import server_text
 from envbuild.render import docker as render
 from envbuild.render import lock as lockmod
 from envbuild.render import lockset
@@ -287,6 +289,18 @@ def test_token_escapes_control_characters_and_cuts_at_100() -> None:
     assert quoted("2.3.1\n") == "'2.3.1\\n'" and quoted(["x"]) == "(a list)"
     assert token("https://u:pw@host/x") == "https://***@host/x"
     assert token("plain") == "plain"
+
+
+@pytest.mark.parametrize("show", [token, quoted, server_text])
+def test_a_cut_never_leaves_part_of_a_credential(show: Any) -> None:
+    """docs/faults.md Q2: masking comes before the cut, and a URL whose `@` the cut drops
+    shows its scheme only (a cut first would leave `https://user:hunt…` unmasked)."""
+    for prefix in ("x" * 85, "x" * 90, "x" * 97):
+        shown = show(f"{prefix} https://user:hunter2secret@host/simple")
+        assert "user" not in shown and "hunt" not in shown, shown
+        assert "…" in shown and ("https://***" in shown or prefix == "x" * 97), shown
+    shown = show("y" * 90 + " Bearer abcdefgh12345678")
+    assert "abcd" not in shown, shown
 
 
 # --- Q3: FIFOs, devices, directories -----------------------------------------------------------
