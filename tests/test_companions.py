@@ -9,6 +9,7 @@ that a null companion says why, and the note ``resolve`` and the lock carry.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.server
 import io
 import json
@@ -373,6 +374,7 @@ def test_refresh_derives_the_sourced_pairs_from_each_wheels_build_and_upload_tim
     code = cli.main(["--matrices", str(data), "matrix", "refresh", "--source", "pypi", "--index-url", url,
                      "--allow-shrink"], env)
     assert code == 0
+    read = datetime.datetime.now(datetime.timezone.utc).date().isoformat()  # the refresh's "read" date
     assert "(torch_companions +0 ~3 -26 =1 hand-sourced kept," in capsys.readouterr().out
     rows, pypi = _recorded("torch_companions", data), _recorded("torch_pypi", data)
     recorded = _recorded("torch_companions")  # the bundled data: the sourced facts
@@ -395,11 +397,11 @@ def test_refresh_derives_the_sourced_pairs_from_each_wheels_build_and_upload_tim
     assert rows["2.14.1"]["note"].endswith(
         "torchvision_python/torchaudio_python: the CPython versions (cpXY-cpXY tags) of the Linux x86_64 "
         "wheels of torchvision 0.29.1 in the index's file lists (pip-index:///simple/torchvision/, "
-        "pip-index:///simple/torchaudio/), read 2026-11-25")
+        f"pip-index:///simple/torchaudio/), read {read}")
     assert "reads 0.29.1+cu130" in rows["2.14.1"]["note"]
     assert "8 minutes after torch 2.14.1's" in rows["2.14.1"]["note"]
     # torchaudio 2.14.0 bounds torch above as well: the rule does not read it, the note names it.
-    assert ("no torchaudio release on the index as of 2026-11-25 pins torch 2.14.1 or requires "
+    assert (f"no torchaudio release on the index as of {read} pins torch 2.14.1 or requires "
             "torch>=2.14.0: the newest, 2.14.0, declares torch<2.15,>=2.14.0") in rows["2.14.1"]["note"]
     assert rows["2.15.0"]["source"].startswith(
         "pip-index:///simple/torchvision/#torchvision-0.29.2-cp311-cp311-manylinux_2_28_x86_64.whl&sha256=")
