@@ -100,13 +100,13 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
                          "and --check need one")
     if args.json and (args.check or args.stack_only):
         raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
+    index = _configured_index(env) if not args.stack_only else _no_index
     project = _project(args)
     if args.stack_only:
         if project is not None:
             raise UsageError("--stack-only cannot lock a project's dependencies",
                              hint="drop --stack-only, or pass --no-project")
         return _stack_only(args, env, path, out)
-    index = _configured_index(project, env)
     matrix = load_matrix(args, env)
     plans = _plans(args, project)
     if args.check:
@@ -116,20 +116,22 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     return 0
 
 
-def _configured_index(project: Project | None, env: Mapping[str, str]) -> Callable[[], str]:
-    """The default index when the project names none: pip's (PIP_INDEX_URL, else its
-    configuration, which ``pip config list`` reads in a third of a second), asked on a thread
-    while the stack is resolved and the base image pinned."""
+def _configured_index(env: Mapping[str, str]) -> Callable[[], str]:
+    """pip's index (PIP_INDEX_URL, else its configuration, which ``pip config list`` reads in
+    a third of a second), the default where the project names none: asked on a thread from
+    the start, while the project is read, the stack resolved and the base image pinned."""
     from concurrent.futures import ThreadPoolExecutor
 
     from envbuild.upstream.pipconfig import index_url
 
-    if project is not None and project.index_url:
-        return lambda: index_url(None, env)  # never called: the project's index is the default
     pool = ThreadPoolExecutor(max_workers=1)
     future = pool.submit(index_url, None, env)
     pool.shutdown(wait=False)
     return future.result
+
+
+def _no_index() -> str:
+    raise AssertionError("--stack-only resolves no closure")
 
 
 def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, out: Out) -> int:
