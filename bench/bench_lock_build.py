@@ -164,7 +164,8 @@ STEP = re.compile(r"^\[([0-9]+)/([0-9]+)\] (.*)$")
 def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any], list[tuple[str, float]]]:
     """Seconds, the build's report and its steps, each with the seconds from its start to the
     next step's (the classic builder commits a step's layer before it starts the next one, so
-    a RUN step's figure includes its layer's commit), from envbuild's progress lines."""
+    a RUN step's figure includes its layer's commit; the last step's, whatever the build does
+    after it: buildah's copy of the image into dockerd), from envbuild's progress lines."""
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag, "--report", "report.json",
             *extra]
     if os.environ.get("PIP_CERT"):
@@ -189,23 +190,37 @@ def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any]
     return took, dict(json.loads((directory / "report.json").read_text())), steps
 
 
-# What each step of a lock's image is, by the words of its instruction; the first match names it.
-KINDS = (
-    ("system packages (apt-get: python3, venv, g++, python3-dev)", ("apt-get",)),
-    ("torch layer: uv fetches, checks, unpacks, compiles", ("torch.txt",)),
-    ("project layer", ("project.txt",)),
-    ("second copy of the venv (classic builder + CA bundle)", ("COPY --from=envbuild-build",)),
-    ("the venv, the user, the lock, the check, labels", ("",)),
-)
-# The kinds install alone does nothing like: the system packages and the image's scaffolding.
-NOT_INSTALLING = (KINDS[0][0], KINDS[4][0])
+# What each step of a lock's image is. A step's line is cut at 100 characters, so a RUN step
+# is known by the requirements file the COPY before it brought in.
+SYSTEM = "system packages (apt-get: python3, python3-venv, g++, python3-dev)"
+VENV = "the venv (python3 -m venv)"
+TORCH = "torch layer: uv fetches, checks, unpacks, compiles; the layer's commit"
+PROJECT = "project layer (with a CA bundle: its stage, the list of added files, their copy)"
+COPY = "second copy of the venv (classic builder + CA bundle: COPY --from the build stage)"
+REST = "the rest: FROM, SHELL, ARG, ENV, the user, the lock files, the installed-set check, labels"
+# What install alone does nothing like: the system packages and the image's scaffolding.
+NOT_INSTALLING = (SYSTEM, VENV, REST)
 
 
 def kinds(steps: list[tuple[str, float]]) -> dict[str, float]:
-    found = {name: 0.0 for name, _ in KINDS}
+    found = {name: 0.0 for name in (SYSTEM, VENV, TORCH, PROJECT, COPY, REST)}
+    layer = None
     for text, seconds in steps:
-        name = next(name for name, words in KINDS if any(w in text for w in words))
-        found[name] += seconds
+        if "COPY requirements/" in text:
+            layer = TORCH if "torch.txt" in text else PROJECT if "project.txt" in text else None
+        if "apt-get" in text:
+            kind = SYSTEM
+        elif "python3 -m venv" in text or "sys.version_info" in text:
+            kind = VENV
+        elif "COPY --from=envbuild-build /opt/venv" in text:
+            kind = COPY
+        elif "envbuild-project" in text or "/tmp/envbuild-before" in text:
+            kind = PROJECT
+        elif layer is not None and ("RUN " in text or "COPY requirements/" in text):
+            kind = layer
+        else:
+            kind = REST
+        found[kind] += seconds
     return found
 
 
@@ -289,7 +304,9 @@ def main() -> int:
               f"ratio {ratio:.2f}x to install alone (target <= {TARGET_RATIO}): {verdict}")
         for kind, spent in split.items():
             print(f"    {spent:7.1f} s  {kind}")
-        print(f"    without the system packages and the scaffolding: {own:.1f} s, {own / install_s:.2f}x")
+        print(f"    without the system packages and the scaffolding: {own:.1f} s, {own / install_s:.2f}x; "
+              f"the torch and project layers alone: {split[TORCH] + split[PROJECT]:.1f} s, "
+              f"{(split[TORCH] + split[PROJECT]) / install_s:.2f}x")
         for text, spent in steps:
             print(f"        {spent:6.1f} s  {text[:90]}")
     if rebuild is not None:
