@@ -4,22 +4,26 @@ Uses test_pylock's local index on 127.0.0.1, which records every path asked for.
 layer's run answers from the cache the closure's run has just filled (one round of the
 index's pages for uv, not two); the check of every file's sha256 reads a page once and, once
 a page gave a file's sha256, a later lock of the same file does not read it again
-(``$XDG_CACHE_HOME/envbuild/index-hashes/``).
+(``$XDG_CACHE_HOME/envbuild/index-hashes/``). ``lock`` asks the image registry for the base's
+digest while uv resolves, not before.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from test_lock_command import BASE, indexes, project, run  # noqa: F401  (fixtures)
+from test_lock_command import env as lock_env  # noqa: F401  (a fixture: env)
 from test_pylock import Index, fake_sha256, index, spec, uv_env  # noqa: F401  (fixtures)
 
 from envbuild.errors import DataError
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import check_index_hashes
-from envbuild.pylock.uv import compile_closure, find_uv
+from envbuild.pylock.uv import Closure, ClosureSpec, compile_closure, find_uv
 
 
 def recording_uv(tmp_path: Path) -> tuple[str, Path]:
@@ -103,3 +107,43 @@ def test_an_unreadable_record_is_no_record(index: Index, uv_env: dict[str, str],
         index.paths.clear()
         check_index_hashes(good, lambda _: index.url("default"), env=env, timeout=30)
         assert index.paths == ["/default/simple/idna/"]
+
+
+def test_lock_asks_the_registry_while_uv_resolves(tmp_path: Path, indexes: str,  # noqa: F811
+                                                  lock_env: dict[str, str],  # noqa: F811
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base image's digest is asked for beside uv's run (the closure needs no digest): the
+    registry here answers only once uv has started, which a lock asking it first never sees."""
+    import envbuild.pylock.uv as uv
+    import envbuild.registry.digest as digest
+
+    started = threading.Event()
+    real = uv.compile_closure
+
+    def closure(spec: ClosureSpec) -> Closure:
+        started.set()
+        return real(spec)
+
+    def image_digest(reference: str, **_: object) -> str:
+        if not started.wait(20):
+            raise DataError(f"asked for {reference} before uv ran")
+        return "sha256:" + "b" * 64
+
+    monkeypatch.setattr(uv, "compile_closure", closure)
+    monkeypatch.setattr(digest, "image_digest", image_digest)
+    monkeypatch.chdir(project(tmp_path, indexes))
+    tagged = "127.0.0.1:5000/library/debian:bookworm"
+    (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text().replace(BASE, tagged))
+    code, _, err = run(capsys, lock_env, "lock")
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    digest_b = f"sha256:{'b' * 64}"
+    assert (target["base_image"], target["base_digest"]) == (f"{tagged}@{digest_b}", digest_b)
+    # Both failing: the registry's error is the one reported, as when it was asked first.
+    monkeypatch.setattr(digest, "image_digest", lambda reference, **_: (_ for _ in ()).throw(
+        DataError(f"cannot reach the registry for {reference}")))
+    project(tmp_path, indexes, deps='["no-such-package"]')
+    (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text().replace(BASE, tagged))
+    code, _, err = run(capsys, lock_env, "lock")
+    assert code == 4 and "cannot reach the registry" in err and "no-such-package" not in err

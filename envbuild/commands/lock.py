@@ -261,7 +261,7 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, index: Callable[[], str], *, previous: LockSet | None) -> LockSet:
     from envbuild.commands.lockview import Steps, base_text
-    from envbuild.render.lock import duplicate_cuda
+    from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
@@ -273,16 +273,40 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
                        f"{lock.base_image.split('@', 1)[0]}")
             steps.warn(duplicate_cuda(lock))
-            lock = _pin_base(args, env, project, lock, steps)
-            steps.step(f"base {base_text(lock)}")
+            based = _pinning(args, env, project, lock, steps)
             old = previous.targets.get(plan.name) if previous is not None else None
-            closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index)
+            try:
+                closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index)
+            except Exception:
+                based()  # the registry's error first, as when the base was pinned before uv ran
+                raise
+            pinned = based()
+            steps.step(f"base {base_text(pinned)}")
+            closed = replace(closed, base_image=pinned.base_image, base_digest=pinned.base_digest,
+                             base_offline=pinned.base_offline)
+            check_lock(closed)
             steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
+
+
+def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
+             steps: Steps) -> Callable[[], Lock]:
+    """The lock with its base pinned, to be had when the closure is resolved: the registry is
+    asked on a thread while uv resolves (the closure needs no digest); without a registry to
+    ask, at once."""
+    if lock.base_digest is not None or args.offline or args.no_registry:
+        pinned = _pin_base(args, env, project, lock, steps)
+        return lambda: pinned
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(_pin_base, args, env, project, lock, steps)
+    pool.shutdown(wait=False)
+    return future.result
 
 
 def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
