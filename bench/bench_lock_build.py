@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,7 +139,7 @@ def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
         return time.perf_counter() - start, len(urls), total
 
 
-def install_alone(context: Path, python: str) -> float:
+def install_alone(context: Path, python: str, platform: str) -> float:
     """Seconds for uv to fetch and install the build's requirements files into a directory on
     this machine, cold cache, bytecode compiled as the image's step does: no container, no
     layer. What any builder adds comes on top of this, so its ratio is the floor of the build's."""
@@ -150,33 +152,95 @@ def install_alone(context: Path, python: str) -> float:
         subprocess.run([find_uv(None), "pip", "install", "--quiet", "--no-config", "--no-deps",
                         "--require-hashes", "--only-binary", ":all:", "--link-mode", "copy",
                         "--compile-bytecode", "--python-version", python, "--python-platform",
-                        "x86_64-manylinux_2_28", "--target", f"{scratch}/site",
+                        platform, "--target", f"{scratch}/site",
                         "--cache-dir", f"{scratch}/cache", *[a for f in files for a in ("-r", str(f))]],
                        check=True)
         return time.perf_counter() - start
 
 
-def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any]]:
+STEP = re.compile(r"^\[([0-9]+)/([0-9]+)\] (.*)$")
+
+
+def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any], list[tuple[str, float]]]:
+    """Seconds, the build's report and its steps, each with the seconds from its start to the
+    next step's (the classic builder commits a step's layer before it starts the next one, so
+    a RUN step's figure includes its layer's commit; the last step's, whatever the build does
+    after it: buildah's copy of the image into dockerd), from envbuild's progress lines."""
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag, "--report", "report.json",
             *extra]
     if os.environ.get("PIP_CERT"):
         args += ["--ca-bundle", os.environ["PIP_CERT"]]
-    took, _ = envbuild(*args, cwd=directory)
-    return took, dict(json.loads((directory / "report.json").read_text()))
+    starts: list[tuple[str, float]] = []
+    tail: list[str] = []
+    start = time.perf_counter()
+    with subprocess.Popen([sys.executable, "-m", "envbuild", *args], cwd=directory,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            match = STEP.match(line.strip())
+            if match:
+                starts.append((match[3], time.perf_counter()))
+            tail = [*tail[-40:], line]
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"bench_lock_build: envbuild {' '.join(args)} failed ({proc.returncode}):\n{''.join(tail)}")
+    ends = [t for _, t in starts[1:]] + [start + took]
+    steps = [(text, end - begun) for (text, begun), end in zip(starts, ends, strict=True)]
+    return took, dict(json.loads((directory / "report.json").read_text())), steps
+
+
+# What each step of a lock's image is. A step's line is cut at 100 characters, so a RUN step
+# is known by the requirements file the COPY before it brought in.
+SYSTEM = "system packages (apt-get: python3, python3-venv, g++, python3-dev)"
+VENV = "the venv (python3 -m venv)"
+TORCH = "torch layer: uv fetches, checks, unpacks, compiles; the layer's commit"
+PROJECT = "project layer (with a CA bundle: its stage, the list of added files, their copy)"
+COPY = "second copy of the venv (classic builder + CA bundle: COPY --from the build stage)"
+REST = "the rest: FROM, SHELL, ARG, ENV, the user, the lock files, the installed-set check, labels"
+# What install alone does nothing like: the system packages and the image's scaffolding.
+NOT_INSTALLING = (SYSTEM, VENV, REST)
+
+
+def kinds(steps: list[tuple[str, float]]) -> dict[str, float]:
+    found = {name: 0.0 for name in (SYSTEM, VENV, TORCH, PROJECT, COPY, REST)}
+    layer = None
+    for text, seconds in steps:
+        if "COPY requirements/" in text:
+            layer = TORCH if "torch.txt" in text else PROJECT if "project.txt" in text else None
+        if "apt-get" in text:
+            kind = SYSTEM
+        elif "python3 -m venv" in text or "sys.version_info" in text:
+            kind = VENV
+        elif "COPY --from=envbuild-build /opt/venv" in text:
+            kind = COPY
+        elif "envbuild-project" in text or "/tmp/envbuild-before" in text:
+            kind = PROJECT
+        elif layer is not None and ("RUN " in text or "COPY requirements/" in text):
+            kind = layer
+        else:
+            kind = REST
+        found[kind] += seconds
+    return found
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", default="==2.13.0")
     parser.add_argument("--variant", default="default")
-    parser.add_argument("--installers", default="uv,pip", help="comma-separated, built in this order")
+    parser.add_argument("--installers", default="uv", help="comma-separated, built in this order")
+    parser.add_argument("--cold", type=int, default=2, help="cold builds per installer (default 2)")
+    parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild after one dependency")
     parser.add_argument("--builder", default="auto", choices=("auto", "classic", "buildah", "buildx"),
                         help="envbuild build --builder (auto: buildx, else the classic builder)")
     args = parser.parse_args()
     share_the_engine()
     installers = args.installers.split(",")
-    tags = [f"envbuild-bench/locked:{t}" for t in (*installers, "primed", "added")]
-    cold: dict[str, tuple[float, dict[str, Any]]] = {}
+    names = [f"{i}-{n}" for i in installers for n in range(1, args.cold + 1)]
+    tags = [f"envbuild-bench/locked:{t}" for t in (*names, "primed", "added")]
+    cold: dict[str, tuple[float, dict[str, Any], list[tuple[str, float]]]] = {}
+    installs: list[float] = []
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockbuild-") as scratch:
         root = Path(scratch)
         registry, address = start_registry(root)
@@ -192,19 +256,22 @@ def main() -> int:
             envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
             serial_s, files, size = download_alone(work / "ctx")
             parallel_s, _, _ = download_alone(work / "ctx", workers=8)
-            install_s = install_alone(work / "ctx", locked["stack"]["python"])
-            for installer in installers:
-                envbuild("lock", "--installer", installer, cwd=work)
-                cold[installer] = build(work, f"envbuild-bench/locked:{installer}", "--no-cache",
-                                        "--builder", args.builder)
-            envbuild("lock", "--installer", installers[0], cwd=work)
-            # The classic builder keeps one cache chain per build; after a --no-cache build it may
-            # probe an older chain and miss. One plain build of the same lock makes this one the
-            # chain the rebuild finds (untimed: it is what a team's previous build would be).
-            build(work, "envbuild-bench/locked:primed", "--builder", args.builder)
-            project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
-            relock_s, _ = envbuild("lock", "--installer", installers[0], cwd=work)
-            rebuild_s, again = build(work, "envbuild-bench/locked:added", "--builder", args.builder)
+            python, platform = locked["stack"]["python"], locked["pylock"]["platform"]
+            # Interleaved: install alone before each cold build and once after the last, so that
+            # the load of other work falls on both sides alike.
+            for name in names:
+                installs.append(install_alone(work / "ctx", python, platform))
+                loads.append(os.getloadavg()[0])
+                envbuild("lock", "--installer", name.split("-")[0], cwd=work)
+                cold[name] = build(work, f"envbuild-bench/locked:{name}", "--no-cache",
+                                   "--builder", args.builder)
+                # Each image is several GB and only its figures are needed: removed at once.
+                subprocess.run(["docker", "rmi", "-f", f"envbuild-bench/locked:{name}"], capture_output=True,
+                               check=False)
+                loads.append(os.getloadavg()[0])
+            installs.append(install_alone(work / "ctx", python, platform))
+            loads.append(os.getloadavg()[0])
+            rebuild = None if args.no_rebuild else rebuilt(args, work, base, installers[0])
         finally:
             # the base's tag for the registry, which is gone with it
             subprocess.run(["docker", "rmi", f"{address}/envbuild/bookworm:base"], capture_output=True,
@@ -215,28 +282,56 @@ def main() -> int:
             subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
             if args.builder == "buildah":
                 subprocess.run(["buildah", "rmi", *tags], capture_output=True, check=False)
-    ran = " ".join(again["ran"])
-    reused = "torch.txt" not in ran and "project.txt" in ran
-    fastest = min(serial_s, parallel_s)
+    install_s = statistics.median(installs)
     print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
           f"{locked['stack']['python']}: {len(locked['packages'])} distributions, "
           f"{len(locked['pylock']['torch_layer'])} in the torch layer")
-    print(f"builder         {cold[installers[0]][1].get('backend', args.builder)}")
+    print(f"builder         {next(iter(cold.values()))[1].get('backend', args.builder)}"
+          f"{' with --ca-bundle' if os.environ.get('PIP_CERT') else ''}")
+    print(f"load average    {min(loads):.2f} to {max(loads):.2f} (1 min) during the builds, "
+          f"{os.cpu_count()} cores")
     print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
     print(f"download alone  {serial_s:7.1f} s one after another, {parallel_s:.1f} s 8 at a time "
           f"({files} wheels, {size / 1e9:.2f} GB)")
-    print(f"install alone   {install_s:7.1f} s (uv into a directory here: no container, cold cache, "
-          f"bytecode)  ratio {install_s / fastest:.2f}x: the floor of any build on this machine")
-    for installer, (seconds, report) in cold.items():
-        ratio = seconds / fastest
+    print(f"install alone   {install_s:7.1f} s median [{', '.join(f'{t:.1f}' for t in installs)}] (uv into a "
+          f"directory here: no container, cold cache, bytecode)")
+    for name, (seconds, report, steps) in cold.items():
+        ratio = seconds / install_s
+        split = kinds(steps)
+        own = seconds - sum(split[k] for k in NOT_INSTALLING)
         verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
-        print(f"cold build {installer:<4} {seconds:7.1f} s (--no-cache; image {report['size'] / 1e9:.2f} GB)"
-              f"  ratio {ratio:.2f}x (target <= {TARGET_RATIO})  {verdict}")
-    print(f"rebuild         {relock_s + rebuild_s:7.1f} s after adding {ADDED} (lock {relock_s:.1f} s "
-          f"+ build {rebuild_s:.1f} s, {installers[0]}); torch layer from cache: {'yes' if reused else 'NO'}")
+        print(f"cold build {name:<4} {seconds:7.1f} s (--no-cache; image {report['size'] / 1e9:.2f} GB)  "
+              f"ratio {ratio:.2f}x to install alone (target <= {TARGET_RATIO}): {verdict}")
+        for kind, spent in split.items():
+            print(f"    {spent:7.1f} s  {kind}")
+        print(f"    without the system packages and the scaffolding: {own:.1f} s, {own / install_s:.2f}x; "
+              f"the torch and project layers alone: {split[TORCH] + split[PROJECT]:.1f} s, "
+              f"{(split[TORCH] + split[PROJECT]) / install_s:.2f}x")
+        for text, spent in steps:
+            print(f"        {spent:6.1f} s  {text[:90]}")
+    if rebuild is not None:
+        relock_s, rebuild_s, reused = rebuild
+        print(f"rebuild         {relock_s + rebuild_s:7.1f} s after adding {ADDED} (lock {relock_s:.1f} s "
+              f"+ build {rebuild_s:.1f} s, {installers[0]}); torch layer from cache: "
+              f"{'yes' if reused else 'NO'}")
     print("build stages    left dangling by the classic builder: remove with 'docker image prune' "
           "when no other build runs")
-    return 0 if reused else 1
+    return 0 if rebuild is None or rebuild[2] else 1
+
+
+def rebuilt(args: argparse.Namespace, work: Path, base: str, installer: str) -> tuple[float, float, bool]:
+    """(lock seconds, build seconds, whether the torch layer came from the cache) of the
+    rebuild after adding one dependency."""
+    envbuild("lock", "--installer", installer, cwd=work)
+    # The classic builder keeps one cache chain per build; after a --no-cache build it may
+    # probe an older chain and miss. One plain build of the same lock makes this one the
+    # chain the rebuild finds (untimed: it is what a team's previous build would be).
+    build(work, "envbuild-bench/locked:primed", "--builder", args.builder)
+    project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
+    relock_s, _ = envbuild("lock", "--installer", installer, cwd=work)
+    rebuild_s, again, _ = build(work, "envbuild-bench/locked:added", "--builder", args.builder)
+    ran = " ".join(again["ran"])
+    return relock_s, rebuild_s, "torch.txt" not in ran and "project.txt" in ran
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ project file or the matrices.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +100,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
                          "and --check need one")
     if args.json and (args.check or args.stack_only):
         raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
+    index = _configured_index(env) if not args.stack_only else _no_index
     project = _project(args)
     if args.stack_only:
         if project is not None:
@@ -109,10 +110,28 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     matrix = load_matrix(args, env)
     plans = _plans(args, project)
     if args.check:
-        return _check(args, env, matrix, plans, project, path, out)
-    lockset = _lock_all(args, env, matrix, plans, project, previous=_previous(path))
+        return _check(args, env, matrix, plans, project, path, out, index)
+    lockset = _lock_all(args, env, matrix, plans, project, index, previous=_previous(path))
     _write(path, lockset, out, as_json=args.json)
     return 0
+
+
+def _configured_index(env: Mapping[str, str]) -> Callable[[], str]:
+    """pip's index (PIP_INDEX_URL, else its configuration, which ``pip config list`` reads in
+    a third of a second), the default where the project names none: asked on a thread from
+    the start, while the project is read, the stack resolved and the base image pinned."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envbuild.upstream.pipconfig import index_url
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(index_url, None, env)
+    pool.shutdown(wait=False)
+    return future.result
+
+
+def _no_index() -> str:
+    raise AssertionError("--stack-only resolves no closure")
 
 
 def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, out: Out) -> int:
@@ -240,9 +259,9 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
-              project: Project | None, *, previous: LockSet | None) -> LockSet:
+              project: Project | None, index: Callable[[], str], *, previous: LockSet | None) -> LockSet:
     from envbuild.commands.lockview import Steps, base_text
-    from envbuild.render.lock import duplicate_cuda
+    from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
@@ -254,16 +273,40 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
                        f"{lock.base_image.split('@', 1)[0]}")
             steps.warn(duplicate_cuda(lock))
-            lock = _pin_base(args, env, project, lock, steps)
-            steps.step(f"base {base_text(lock)}")
+            based = _pinning(args, env, project, lock, steps)
             old = previous.targets.get(plan.name) if previous is not None else None
-            closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps)
+            try:
+                closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index)
+            except Exception:
+                based()  # the registry's error first, as when the base was pinned before uv ran
+                raise
+            pinned = based()
+            steps.step(f"base {base_text(pinned)}")
+            closed = replace(closed, base_image=pinned.base_image, base_digest=pinned.base_digest,
+                             base_offline=pinned.base_offline)
+            check_lock(closed)
             steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
+
+
+def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
+             steps: Steps) -> Callable[[], Lock]:
+    """The lock with its base pinned, to be had when the closure is resolved: the registry is
+    asked on a thread while uv resolves (the closure needs no digest); without a registry to
+    ask, at once."""
+    if lock.base_digest is not None or args.offline or args.no_registry:
+        pinned = _pin_base(args, env, project, lock, steps)
+        return lambda: pinned
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(_pin_base, args, env, project, lock, steps)
+    pool.shutdown(wait=False)
+    return future.result
 
 
 def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
@@ -286,7 +329,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
-           plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps) -> Lock:
+           plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps,
+           index: Callable[[], str]) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.docker import custom_base
@@ -294,7 +338,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     from envbuild.render.lockset import pylock_name, sha256_text
 
 
-    spec = replace(_spec(args, env, matrix, project, plan, lock),
+    spec = replace(_spec(args, env, matrix, project, plan, lock, index),
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
@@ -316,12 +360,11 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
 
 
 def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
-          plan: _Plan, lock: Lock) -> ClosureSpec:
+          plan: _Plan, lock: Lock, index: Callable[[], str]) -> ClosureSpec:
     """What a target's closure is resolved from, before the previous pins and the installer's
     version: the same for ``lock`` and ``lock --check`` (which runs no uv)."""
     from envbuild.pylock.uv import ClosureSpec, platform_glibc
     from envbuild.render.lock import distro_glibc, pins
-    from envbuild.upstream.pipconfig import index_url as configured_index
 
     distro = distro_glibc(matrix, lock.stack.ubuntu)
     if distro is None:
@@ -334,7 +377,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         torch_constraints=tuple(plan.torch_constraints),
         python=lock.stack.python,
         glibc=platform_glibc(distro),
-        default_index=user_index or configured_index(None, env),
+        default_index=user_index or index(),
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
         installer=None if installer_choice(args, project) == "pip" else "uv",
         env=env,
@@ -410,7 +453,7 @@ def _write_files(path: Path, lock: bytes, beside: Mapping[str, bytes]) -> None:
 
 
 def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
-           project: Project | None, path: Path, out: Out) -> int:
+           project: Project | None, path: Path, out: Out, index: Callable[[], str]) -> int:
     """Stale when: no lock, another project input, another target set, another stack or option
     from today's matrices, or a pylock file that no longer matches. Nothing is asked of uv or
     a registry, so it runs offline in CI."""
@@ -445,7 +488,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
             warn(unpinned_base(plan.name, locked.base_image))
         now = _target_lock(args, env, matrix, plan)
         found = _differences(locked, now, installer_choice(args, project))
-        found += _closure_differences(locked, closure_inputs(_spec(args, env, matrix, project, plan, now)))
+        inputs = closure_inputs(_spec(args, env, matrix, project, plan, now, index))
+        found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)

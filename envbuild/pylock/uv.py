@@ -20,7 +20,10 @@ answer) keep a stray uv.toml or shell setting out: the same inputs give the same
 sha256 (:mod:`envbuild.pylock.hashes`) is skipped: it was made when the cache was filled.
 
 A second, hash-free run of the pinned packages alone, constrained to the first result, names
-the torch layer: the packages the image installs before the user's.
+the torch layer: the packages the image installs before the user's. It answers from the
+cache the first run has just brought up to date (``--offline``), and asks the index only
+where that cache cannot answer. The installer's own lock runs beside the first run, and the
+index pages of the names known in advance are fetched meanwhile.
 
 Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
 naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
@@ -39,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -48,7 +52,7 @@ from packaging.utils import canonicalize_name
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
 from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
 from envbuild.pylock.files import read_pylock
-from envbuild.pylock.hashes import check_index_hashes
+from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
@@ -216,8 +220,32 @@ def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, has
     return command
 
 
+@dataclass(frozen=True)
+class _Uv:
+    """One closure's uv runs: the binary, the spec, the default index, uv's environment and
+    the deadline every run shares."""
+
+    uv: str
+    spec: ClosureSpec
+    default_index: str
+    env: dict[str, str]
+    deadline: float
+
+    def run(self, command: list[str], cwd: Path) -> None:
+        _run(command, cwd, self.env, self.deadline, self.spec)
+
+    def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None) -> list[str]:
+        return _command(self.uv, spec or self.spec, self.default_index, output, hashes=hashes)
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 1.0)
+
+
 def compile_closure(spec: ClosureSpec) -> Closure:
-    """Resolve the closure of ``spec`` with uv; see the module's docstring."""
+    """Resolve the closure of ``spec`` with uv; see the module's docstring.
+
+    What does not need the closure starts with it: the installer's own small lock and the
+    index pages of every name known in advance."""
     env = dict(os.environ if spec.env is None else spec.env)
     uv = find_uv(spec.uv)
     glibc_minor(spec.glibc)
@@ -225,52 +253,76 @@ def compile_closure(spec: ClosureSpec) -> Closure:
     check_platform(direct_wheels(spec.dependencies), supported_tags(spec.python, spec.glibc),
                    python=spec.python, platform=platform_tag(spec.glibc))
     default_index = spec.default_index or pipconfig.index_url(None, env)
-    uv_env = uv_environment(env)
-    deadline = time.monotonic() + spec.timeout
-    with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp:
+    if spec.previous is not None:
+        read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
+    run = _Uv(uv=uv, spec=spec, default_index=default_index, env=uv_environment(env),
+              deadline=time.monotonic() + spec.timeout)
+    with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp, \
+            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=1) as side:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
-        if spec.previous is not None:
-            read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
-            (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
-        command = _command(uv, spec, default_index, OUTPUT, hashes=True)
-        if spec.upgrade:
-            command.append("--upgrade")
-        for name in sorted(set(spec.upgrade_packages)):
-            command += ["--upgrade-package", name]
-        _run(command, work, uv_env, deadline, spec)
-        text = (work / OUTPUT).read_text(encoding="utf-8")
+        if pages is not None:
+            pages.prefetch(_known_names(spec))
+        installer = None if spec.installer is None else side.submit(_installer, run, work, pages)
+        text = _closure_run(run, work)
         pylock = read_pylock(text)
-        if not spec.offline:
+        if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
                          lambda url: served_sha256(url, env))
-        # The hash check (HTTP) and the torch-layer run (uv) are independent: run them together.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            checked = None if spec.offline else pool.submit(
-                check_index_hashes, pylock, _index_of(spec, default_index), env=env,
-                timeout=max(deadline - time.monotonic(), 1.0))
-            layer = _torch_layer(uv, spec, default_index, pylock.versions(), work, uv_env, deadline)
-            if checked is not None:
-                checked.result()
-        installer = None if spec.installer is None else \
-            _installer(uv, spec, default_index, work, uv_env, env, deadline)
-    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=installer)
+            pages.check(pylock)
+        layer = _torch_layer(run, pylock.versions(), work)
+        wheel = None if installer is None else installer.result()
+    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel)
 
 
-def _installer(uv: str, spec: ClosureSpec, default_index: str, work: Path, uv_env: dict[str, str],
-               env: Mapping[str, str], deadline: float) -> InstallerWheel:
+def _index_pages(spec: ClosureSpec, default_index: str,
+                 env: Mapping[str, str]) -> AbstractContextManager[IndexPages | None]:
+    """The pages the hash check reads; none offline (the check was made when the cache was filled)."""
+    if spec.offline:
+        return nullcontext(None)
+    return IndexPages(_index_of(spec, default_index), env=env, timeout=spec.timeout)
+
+
+def _known_names(spec: ClosureSpec) -> list[str]:
+    """The names of the closure known before uv runs: the pins and the project's requirements
+    (those from an index: a direct URL is on none)."""
+    names: list[str] = [canonicalize_name(n) for n in sorted(spec.torch_pins)]
+    for text in (*spec.torch_constraints, *spec.dependencies):
+        requirement = Requirement(text)  # checked by project_text already
+        if not requirement.url:
+            names.append(canonicalize_name(requirement.name))
+    if spec.installer is not None:
+        names.append("uv")
+    return names
+
+
+def _closure_run(run: _Uv, work: Path) -> str:
+    """uv's locking run of the whole closure, with hashes: the pylock's text."""
+    spec = run.spec
+    if spec.previous is not None:
+        (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
+    command = run.command(OUTPUT, hashes=True)
+    if spec.upgrade:
+        command.append("--upgrade")
+    for name in sorted(set(spec.upgrade_packages)):
+        command += ["--upgrade-package", name]
+    run.run(command, work)
+    return (work / OUTPUT).read_text(encoding="utf-8")
+
+
+def _installer(run: _Uv, work: Path, pages: IndexPages | None) -> InstallerWheel:
     """uv at ``spec.installer`` from the default index: its wheel for the closure's platform,
     the sha256 checked against the index like every file of the closure."""
+    spec, default_index = run.spec, run.default_index
     assert spec.installer is not None
     tool = work / "installer"
     tool.mkdir()
     (tool / "pyproject.toml").write_text(
         f'[project]\nname = "envbuild-installer"\nversion = "0"\n'
         f'dependencies = [{_toml_string("uv==" + spec.installer)}]\n', encoding="utf-8")
-    command = _command(uv, replace(spec, find_links=()), default_index, OUTPUT, hashes=True)
     try:
-        _run(command, tool, uv_env, deadline, spec)
+        run.run(run.command(OUTPUT, hashes=True, spec=replace(spec, find_links=())), tool)
     except TooSlow:
         raise
     except (DataError, NoCompatibleStack):
@@ -278,9 +330,8 @@ def _installer(uv: str, spec: ClosureSpec, default_index: str, work: Path, uv_en
                         f"for {platform_tag(spec.glibc)}",
                         hint="make uv available on that index, or lock with --installer pip") from None
     pylock = read_pylock((tool / OUTPUT).read_text(encoding="utf-8"))
-    if not spec.offline:
-        check_index_hashes(pylock, lambda name: default_index, env=env,
-                           timeout=max(deadline - time.monotonic(), 1.0))
+    if pages is not None:  # the pages' index for "uv" is the default index: it is no pin
+        pages.check(pylock)
     line = install_requirements(pylock, ["uv"], python=spec.python, glibc=spec.glibc).strip()
     match = re.fullmatch(r"uv @ (\S+) --hash=sha256:([0-9a-f]{64})", line)
     if match is None:
@@ -305,25 +356,39 @@ def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
     return index_of
 
 
-def _torch_layer(uv: str, spec: ClosureSpec, default_index: str, versions: dict[str, str],
-                 work: Path, env: dict[str, str], deadline: float) -> frozenset[str]:
-    """The pinned packages and their own closure, every version held to ``versions``."""
-    if not spec.torch_pins:
+def _torch_layer(run: _Uv, versions: dict[str, str], work: Path) -> frozenset[str]:
+    """The pinned packages and their own closure, every version held to ``versions``.
+
+    The closure's run has just brought uv's cache up to date for every one of these packages,
+    so uv answers from its cache (``--offline``: no second round of the index's pages); only
+    where the cache cannot answer (UV_NO_CACHE, a cache pruned meanwhile) it asks the index."""
+    if not run.spec.torch_pins:
         return frozenset()
-    layer = work / "layer"
+    if not run.spec.offline:
+        try:
+            return frozenset(_layer_run(run, work / "cached", versions, offline=True))
+        except TooSlow:
+            raise
+        except EnvbuildError:
+            pass
+    return frozenset(_layer_run(run, work / "layer", versions))
+
+
+def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = False) -> set[str]:
+    """The names of the pins' closure, resolved by uv (no hashes) with ``held`` as constraints."""
     layer.mkdir()
-    (layer / "pyproject.toml").write_text(project_text(spec, pins_only=True), encoding="utf-8")
-    (layer / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in versions.items()),
-                                           encoding="utf-8")
-    command = _command(uv, spec, default_index, "layer.txt", hashes=False)
-    command += ["--constraints", "constraints.txt"]
-    _run(command, layer, env, deadline, spec)
-    names = set()
+    (layer / "pyproject.toml").write_text(project_text(run.spec, pins_only=True), encoding="utf-8")
+    (layer / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in held.items()), encoding="utf-8")
+    command = [*run.command("layer.txt", hashes=False), "--constraints", "constraints.txt"]
+    if offline and "--offline" not in command:
+        command.append("--offline")
+    run.run(command, layer)
+    names: set[str] = set()
     for line in (layer / "layer.txt").read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             names.add(canonicalize_name(Requirement(line).name))
-    return frozenset(names)
+    return names
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec) -> None:

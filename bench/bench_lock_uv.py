@@ -1,0 +1,194 @@
+"""``envbuild lock`` against ``uv pip compile`` of the same closure with hashes, side by side.
+
+A sample project of about 100 distributions: torch 2.13.0 (the package index's wheel and its
+nvidia-* libraries) and 19 common dependencies (requests, pandas, scipy, scikit-learn,
+matplotlib, aiohttp, fastapi, transformers, …), Python 3.11, no companions. Both sides read
+the same index (pip's configured one, or ``--index-url``), share one warm uv cache and write
+a fresh output each run (no previous lock to keep pins from):
+
+  envbuild   ``python -m envbuild lock --no-registry`` in the project's directory: the stack,
+             uv's locking run, the torch layer, the build's installer, the check of every
+             file's sha256 against the index's pages, the lock written
+  uv alone   ``uv pip compile pyproject.toml --format pylock.toml --generate-hashes`` of the
+             generated project ``envbuild lock`` gives uv (the same requirements, the torch pin
+             from its index, the same platform and Python): what a team without envbuild runs
+
+The runs are interleaved (ABBA…) so that the load of other work on the machine falls on both
+sides alike; the medians of the wall-clock seconds and their ratio are printed (target <= 1.5),
+and the CPU seconds (user + system, the command and its children) beside them, which the
+other work on the machine moves less. ``--also DIR`` times a
+second envbuild tree (e.g. an older commit, from ``git archive``) in the same rounds.
+``--base-digest`` locks with the base image pinned by digest from a docker-registry started on
+127.0.0.1 (the base pushed there first) instead of ``--no-registry``.
+Needs the configured package index (network). Usage:
+  python bench/bench_lock_uv.py [--rounds 7] [--index-url URL] [--also DIR] [--base-digest]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from envbuild.pylock.uv import ClosureSpec, find_uv, platform_tag, project_text, uv_environment  # noqa: E402
+from envbuild.upstream.pipconfig import index_url  # noqa: E402
+
+DEPENDENCIES = ("requests", "pandas", "scipy", "scikit-learn", "matplotlib", "aiohttp", "fastapi",
+                "uvicorn", "pydantic", "sqlalchemy", "transformers", "accelerate", "rich", "typer",
+                "httpx", "einops", "tqdm", "pyyaml", "click")
+TARGET_RATIO = 1.5
+
+
+def project(directory: Path, base: str, index: str | None) -> None:
+    quoted = ", ".join(json.dumps(d) for d in DEPENDENCIES)
+    text = (f'[project]\nname = "bench"\nversion = "0"\nrequires-python = ">=3.11"\n'
+            f"dependencies = [{quoted}]\n\n[tool.envbuild]\ntorch = \"==2.13.0\"\n"
+            f'variant = "default"\npython = "3.11"\ncompanions = false\nbase-image = {json.dumps(base)}\n')
+    if index is not None:
+        text += f"index-url = {json.dumps(index)}\n"
+    (directory / "pyproject.toml").write_text(text)
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[tuple[float, float],
+                                                                       subprocess.CompletedProcess[str]]:
+    """(wall seconds, CPU seconds of the command and its children), the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return (took, cpu), done
+
+
+def envbuild_lock(directory: Path, tree: Path, extra: list[str]) -> Callable[[], tuple[float, float]]:
+    def once() -> tuple[float, float]:
+        for name in ("envbuild.lock", "pylock.toml"):
+            (directory / name).unlink(missing_ok=True)
+        took, done = timed([sys.executable, "-m", "envbuild", "lock", *extra], directory,
+                           {**os.environ, "PYTHONPATH": str(tree)})
+        if done.returncode != 0:
+            sys.exit(f"bench_lock_uv: envbuild lock ({tree}) failed ({done.returncode}): "
+                     f"{done.stderr[-2000:]}")
+        return took
+    return once
+
+
+def uv_compile(directory: Path, lock: dict[str, object], index: str) -> Callable[[], tuple[float, float]]:
+    """uv pip compile of the project envbuild generates for the locked target's pins."""
+    stack = lock["stack"]
+    assert isinstance(stack, dict)
+    pylock = lock["pylock"]
+    assert isinstance(pylock, dict)
+    torch_index = lock["index_url"]  # None: torch comes from the default index
+    spec = ClosureSpec(torch_pins={"torch": str(stack["torch"])},
+                       torch_index=None if torch_index is None else str(torch_index),
+                       python=str(stack["python"]), glibc="2." + str(pylock["platform"]).rsplit("_", 1)[-1],
+                       dependencies=DEPENDENCIES, default_index=index)
+    (directory / "pyproject.toml").write_text(project_text(spec))
+    command = [find_uv(None), "pip", "compile", "pyproject.toml", "--no-config", "--quiet",
+               "--only-binary", ":all:", "--python-platform", platform_tag(spec.glibc),
+               "--python-version", spec.python, "--python", sys.executable, "--default-index", index,
+               "--format", "pylock.toml", "--generate-hashes", "-o", "pylock.toml"]
+    env = uv_environment(os.environ)
+
+    def once() -> tuple[float, float]:
+        (directory / "pylock.toml").unlink(missing_ok=True)
+        took, done = timed(command, directory, env)
+        if done.returncode != 0:
+            sys.exit(f"bench_lock_uv: uv pip compile failed: {done.stderr[-2000:]}")
+        return took
+    return once
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--index-url", help="the default index (default: pip's configuration)")
+    parser.add_argument("--also", type=Path, help="another envbuild tree to time in the same rounds")
+    parser.add_argument("--base-digest", action="store_true",
+                        help="pin the base by digest from a loopback docker-registry (else --no-registry)")
+    args = parser.parse_args()
+    index = args.index_url or index_url(None, os.environ)
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockuv-") as scratch:
+        root = Path(scratch)
+        # Both caches start empty here and are warm after the first run: uv's (shared by both
+        # sides) and envbuild's own (the matrices, the index pages' sha256s it has seen).
+        os.environ["UV_CACHE_DIR"] = str(root / "uv-cache")
+        os.environ["XDG_CACHE_HOME"] = str(root / "cache")
+        extra, registry = ["--no-registry"], None
+        base = "envbuild-test/bookworm:base"
+        if args.base_digest:
+            from bench_lock_build import push_base, start_registry
+
+            registry, address = start_registry(root)
+            base, extra = push_base(address), []
+        try:
+            return measure(args, root, base, index, extra)
+        finally:
+            if registry is not None:
+                subprocess.run(["docker", "rmi", base], capture_output=True, check=False)
+                registry.terminate()
+                registry.wait(10)
+
+
+def measure(args: argparse.Namespace, root: Path, base: str, index: str, extra: list[str]) -> int:
+    sides: dict[str, Callable[[], tuple[float, float]]] = {}
+    for name, tree in (("envbuild", ROOT), ("also", args.also)):
+        if tree is None:
+            continue
+        work = root / name
+        work.mkdir()
+        project(work, base, args.index_url)
+        sides[name] = envbuild_lock(work, tree.resolve(), extra)
+    sides["envbuild"]()  # fills the uv cache: every run below is warm
+    lock = json.loads((root / "envbuild" / "envbuild.lock").read_text())["targets"]["default"]
+    (root / "uv").mkdir()
+    sides["uv alone"] = uv_compile(root / "uv", lock, index)
+    for once in sides.values():
+        once()  # a warm-up of each side
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    loads = [os.getloadavg()[0]]
+    for round_ in range(args.rounds):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+        for name in order:
+            times[name].append(sides[name]())
+        loads.append(os.getloadavg()[0])
+    uv_distributions = (root / "uv" / "pylock.toml").read_text().count("[[packages]]")
+    layer = len(lock["pylock"]["torch_layer"])
+    print(f"closure         {len(lock['packages'])} distributions in envbuild's lock ({layer} "
+          f"in the torch layer); uv alone: {uv_distributions}; base "
+          f"{'by digest (loopback registry)' if not extra else 'a tag (--no-registry)'}")
+    print(f"load average    {min(loads):.2f} to {max(loads):.2f} (1 min) over {args.rounds} "
+          f"interleaved rounds, {os.cpu_count()} cores")
+    medians = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
+    cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
+    for name, runs in times.items():
+        print(f"{name:<15} median {medians[name]:5.2f} s wall, {cpu[name]:5.2f} s CPU  "
+              f"[{', '.join(f'{w:.2f}' for w, _ in runs)}]")
+    ratio = medians["envbuild"] / medians["uv alone"]
+    verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
+    print(f"ratio           envbuild / uv alone {ratio:.2f}x wall (target <= {TARGET_RATIO}): {verdict}; "
+          f"{cpu['envbuild'] / cpu['uv alone']:.2f}x CPU")
+    if "also" in medians:
+        print(f"ratio (--also)  {medians['also'] / medians['uv alone']:.2f}x wall, "
+              f"{cpu['also'] / cpu['uv alone']:.2f}x CPU")
+    if shutil.which("uptime"):
+        print(f"uptime          {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    return 0 if ratio <= TARGET_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
