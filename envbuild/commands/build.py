@@ -166,6 +166,10 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
     report = result.to_json()
     say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
         f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
+    if args.lock and (lock.extensions or lock.sdists):  # their wheels' sha256, beside the lock
+        from envbuild.commands.built import record_build
+
+        record_build(client, result.tag, lock, Path(args.lock).absolute().parent, say)
     if push:
         digest = _push(builder, client, result.tag, push, env)
         repository = push.rpartition(":")[0] if _has_tag(push) else push

@@ -75,7 +75,9 @@ def check_index_hashes(pylock: Pylock, index_of: Callable[[str], str], *, env: M
 
     def fetch(name: str) -> tuple[str, dict[str, str | None]]:
         page = urljoin(index_of(name).rstrip("/") + "/", f"{name}/")
-        reply = client.get(page, {"Accept": ACCEPT})
+        reply = client.get(page, {"Accept": ACCEPT}, allow=frozenset({404}))
+        if reply.status == 404:  # not on that index at all: its files came from a find-links page
+            return page, {}
         return page, page_hashes(reply.body, reply.headers.get("Content-Type", ""), reply.url)
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
