@@ -7,7 +7,7 @@ image, which holds no compiler; a source that does not compile is exit 6 naming 
 Beside it, a requirement that exists only as an sdist (``mulext``, a CppExtension multiplying two
 tensors, served from a 127.0.0.1 find-links page): ``build-sdists`` locks the sdist's sha256 in
 the pylock and the same stage builds it against the same torch; the build records both wheels'
-sha256 in envbuild.built.json, a rebuild matches them, and a record that differs is exit 6.
+sha256 in envbuild.built.json, ``lock --check`` prints them, and a record that differs is exit 6.
 
 The fixtures (the wheelhouse served as torch's index on 127.0.0.1, the base image in a
 loopback registry) are test_lock_e2e's. Needs dockerd, docker-registry and the index.
@@ -69,13 +69,18 @@ MUL_FILES = {
 }
 
 
-def sdist_bytes(files: dict[str, str]) -> bytes:
+# mulext 0.2: the same, but its source does not compile.
+BROKEN_FILES = {**MUL_FILES, "PKG-INFO": MUL_FILES["PKG-INFO"].replace("0.1", "0.2"),
+                "mul.cpp": MUL_FILES["mul.cpp"].replace("a * b;", "a * ;")}
+
+
+def sdist_bytes(files: dict[str, str], version: str = "0.1") -> bytes:
     """The sdist, the same bytes every time (gzip's header time 0)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, text in sorted(files.items()):
             data = text.encode()
-            info = tarfile.TarInfo(f"mulext-0.1/{name}")
+            info = tarfile.TarInfo(f"mulext-{version}/{name}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return gzip.compress(buffer.getvalue(), mtime=0)
@@ -86,6 +91,7 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A find-links page on 127.0.0.1 (a directory listing) holding mulext's sdist alone."""
     root = tmp_path_factory.mktemp("sdist-links")
     (root / "mulext-0.1.tar.gz").write_bytes(sdist_bytes(MUL_FILES))
+    (root / "mulext-0.2.tar.gz").write_bytes(sdist_bytes(BROKEN_FILES, "0.2"))
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -160,10 +166,6 @@ def test_the_extension_is_built_against_the_lock_and_called_in_the_image(client:
         {(w.split("-")[0], w, sha) for w, sha in sums.items()}
     mul = next(w for w in record["wheels"] if w["name"] == "mulext")
     assert (mul["source_sha256"], mul["torch"], mul["cuda"], mul["archs"]) == (digest, "2.13.0+cpu", None, "")
-    # A second build of the same keys matches the record (the layer cache reuses the build).
-    again = build(project, TAG)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert "0 recorded in envbuild.built.json, 2 matched its record" in again.stdout
     checked = envbuild("lock", "--check", cwd=project)
     assert checked.returncode == 0 and "mulext (source" in checked.stdout, checked.stdout
     assert f"built wheel recorded, {mul['wheel']} sha256 {mul['sha256']}" in checked.stdout
@@ -187,6 +189,24 @@ def test_a_rebuilt_wheel_that_differs_from_the_record_is_exit_6(client: Any, pro
         assert json.loads(path.read_text()) == record  # the record stays as it was
     finally:
         path.write_text(original)
+
+
+def test_an_sdist_that_does_not_compile_is_exit_6_naming_the_step(client: Any, project: Path) -> None:
+    settings = project / "envbuild.toml"
+    original = settings.read_text()
+    settings.write_text(original.replace('"mulext==0.1"', '"mulext==0.2"'))
+    record = (project / "envbuild.built.json").read_bytes()
+    try:
+        done = envbuild("lock", cwd=project)
+        assert done.returncode == 0, done.stderr[-3000:]
+        built = build(project, "envbuild-test/extension:broken-sdist")
+        assert built.returncode == 6, (built.stdout + built.stderr)[-4000:]
+        errors = [line for line in built.stderr.splitlines() if line.startswith("envbuild: error[")]
+        assert len(errors) == 1 and "envbuild-sdists.txt" in built.stderr, built.stderr[-4000:]
+        assert "mul.cpp" in built.stderr  # the build log's tail: the compiler's error
+        assert (project / "envbuild.built.json").read_bytes() == record
+    finally:
+        settings.write_text(original)
 
 
 def test_an_extension_that_does_not_compile_is_exit_6_naming_the_step(client: Any,

@@ -235,8 +235,11 @@ def test_the_stage_builds_the_sdist_and_the_image_installs_only_its_wheel(
     assert not (out / "requirements" / "project.txt").exists()  # mulext was its one package
     build, final = stages(dockerfile)
     assert "COPY requirements/sdists.txt /tmp/envbuild-sdists.txt" in build
-    assert ("pip wheel --no-cache-dir --no-deps --no-build-isolation --no-index --require-hashes "
-            "--wheel-dir /wheels \\\n    -r /tmp/envbuild-sdists.txt") in build
+    assert ("pip download --no-cache-dir --no-deps --no-build-isolation --no-index --require-hashes "
+            "\\\n    --dest /tmp/envbuild-sdists -r /tmp/envbuild-sdists.txt") in build
+    # built at a fixed path: pip's own build directory is random, and the compiler records it
+    assert ("pip wheel --no-cache-dir --no-deps --no-build-isolation --no-index --wheel-dir /wheels "
+            "/tmp/envbuild-ext-sdist/*/") in build
     assert "COPY extensions/" not in build and "built.sha256" not in dockerfile
     assert "COPY --from=envbuild-extensions /wheels/ /tmp/envbuild-ext/" in final
     assert "sdists.txt" not in final and "pip wheel" not in final
@@ -384,6 +387,35 @@ def test_record_build_writes_new_keys_atomically_and_refuses_a_difference(tmp_pa
     with pytest.raises(BuildFailed):
         built.record_build(Image(f"{'b' * 64}  {WHEEL}\n".encode()), "img", lock, tmp_path, said.append)
     assert (tmp_path / rec.FILE).read_bytes() == before
+
+
+def test_accept_rebuilt_replaces_the_recorded_wheel_and_says_so(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from envbuild.commands import built
+    from envbuild.render.closure import build_keys
+
+    lock = with_sdist(stack_lock("cpu"))
+    (key,) = build_keys(lock)
+    other = replace(key, torch="2.12.0+cpu")
+    record = rec.merge({}, [key, other], {"mulext": (WHEEL, "a" * 64)})
+    (tmp_path / rec.FILE).write_text(rec.record_text(record))
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("envbuild.engine.imagefile.read_image_file",
+                      lambda *a, **k: f"{'b' * 64}  {WHEEL}\n".encode())
+        built.record_build(object(), "img", lock, tmp_path, said.append, accept=True)
+    now = rec.read_record(tmp_path)
+    assert now[key].sha256 == "b" * 64 and now[other] == record[other]  # other keys stay
+    assert said == ["extension wheels: 0 recorded in envbuild.built.json, 0 matched its record, "
+                    "1 replaced (--accept-rebuilt)"]
+    assert f"now records {WHEEL} sha256 {'b' * 64} (was {'a' * 64})" in capsys.readouterr().err
+    # build --accept-rebuilt renders the stage without the check; a plain render with it
+    from envbuild.render import docker as render_mod
+
+    options = replace(render_mod.parse_options(), extension_root=tmp_path)
+    assert "requirements/built.sha256" in render_mod.render_docker(lock, options)
+    assert "requirements/built.sha256" not in render_mod.render_docker(
+        lock, replace(options, check_recorded=False))
 
 
 def test_lock_check_says_what_is_recorded(tmp_path: Path) -> None:

@@ -34,9 +34,11 @@ def describe(lock: Lock, lock_dir: Path, target: str | None = None) -> list[str]
     return lines
 
 
-def record_build(client: Any, image: str, lock: Lock, lock_dir: Path, say: Callable[[str], None]) -> None:
+def record_build(client: Any, image: str, lock: Lock, lock_dir: Path, say: Callable[[str], None], *,
+                 accept: bool = False) -> None:
     """Read the built wheels' sha256 from ``image`` and record them for the lock's build keys:
-    new keys added, recorded ones compared (a difference is BuildFailed, exit 6)."""
+    new keys added, recorded ones compared (a difference is BuildFailed, exit 6, unless
+    ``accept``: then the new sha256 replaces the old, each replacement warned)."""
     from envbuild.extensions.record import FILE, merge, parse_sums, read_record, record_path, record_text
     from envbuild.fs import write_file
     from envbuild.render.closure import build_keys
@@ -55,8 +57,17 @@ def record_build(client: Any, image: str, lock: Lock, lock_dir: Path, say: Calla
         warn(f"the image holds no readable {WHEELS_FILE}: its extension wheels were not recorded in {FILE}")
         return
     record = read_record(lock_dir)
-    updated = merge(record, keys, parse_sums(data.decode("ascii", "replace")))
+    sums = parse_sums(data.decode("ascii", "replace"))
+    kept = {k: v for k, v in record.items() if not accept or k not in keys}
+    updated = merge(kept, keys, sums)
+    for key in keys:
+        old, now = record.get(key), updated[key]
+        if old is not None and old.sha256 != now.sha256:
+            warn(f"--accept-rebuilt: {key.shown()}: {FILE} now records {now.wheel} sha256 {now.sha256} "
+                 f"(was {old.sha256})")
     if updated != record:
         write_file(record_path(lock_dir), record_text(updated).encode("utf-8"))
     new = [k for k in keys if k not in record]
-    say(f"extension wheels: {len(new)} recorded in {FILE}, {len(keys) - len(new)} matched its record")
+    same = [k for k in keys if k in record and record[k] == updated[k]]
+    say(f"extension wheels: {len(new)} recorded in {FILE}, {len(same)} matched its record"
+        + (f", {len(keys) - len(new) - len(same)} replaced (--accept-rebuilt)" if accept else ""))

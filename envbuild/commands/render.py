@@ -110,7 +110,8 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     # Its local wheels come only from the lock's directory (the project's) or --wheelhouse.
     # Its extensions' sources too: their directories are relative to the lock (the project's).
     options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,),
-                      extension_root=Path(args.lock).absolute().parent)
+                      extension_root=Path(args.lock).absolute().parent,
+                      check_recorded=not getattr(args, "accept_rebuilt", False))
     if not buildkit:  # said once: build renders twice for BuildKit builders
         from envbuild.commands.built import describe
 

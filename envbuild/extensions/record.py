@@ -6,7 +6,8 @@ instead, keyed by what the wheel was built from (:class:`BuildKey`: the source's
 CUDA, the arch list and the CPython), and written atomically (:mod:`envbuild.fs`). A later
 render of the same key hands the recorded sha256 to the build stage, which checks the wheel it
 built against it (``sha256sum -c``): a rebuild with other bytes fails the build (exit 6), never
-replacing the record silently. Docker's layer cache is what reuses a build.
+replacing the record silently; ``build --accept-rebuilt`` records the new wheel instead, saying
+so. Docker's layer cache is what reuses a build.
 
 The file may come from a pull request: it is read confined, size-capped, every value checked
 (names, sha256s, wheel names a build context can carry), and no error quotes its content.
@@ -189,5 +190,5 @@ def merge(record: Mapping[BuildKey, Built], keys: Iterable[BuildKey],
 def mismatch(key: BuildKey, recorded: str, built: str) -> BuildFailed:
     return BuildFailed(f"the wheel built for {key.shown()} has sha256 {built[:16]}…, but {FILE} "
                        f"records {recorded[:16]}… for the same build key",
-                       hint=f"find out why the build changed (compiler, base image); to accept the new "
-                            f"wheel, remove its entry from {FILE} and build again")
+                       hint="compilers are not always bit-reproducible (another g++ or base layer): to "
+                            "record the new wheel, build again with --accept-rebuilt")

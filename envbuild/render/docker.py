@@ -71,6 +71,8 @@ class RenderOptions:
     base_os: str | None = None
     # Where a lock's extension directories lie (the lock's own directory): see envbuild/extensions.
     extension_root: Path | None = None
+    # The stage checks its wheels against envbuild.built.json's record (build --accept-rebuilt: not).
+    check_recorded: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -401,7 +403,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
             files[f"requirements/{INSTALLER_FILE}"] = lock.pylock.installer.requirement().encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
-        sums = closure.recorded_sums(lock, options.extension_root)
+        sums = closure.recorded_sums(lock, options.extension_root) if options.check_recorded else ""
         if sums:  # the wheels built before for these build keys: the stage checks its own against them
             files[f"requirements/{RECORDED_SUMS}"] = sums.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(

@@ -45,10 +45,11 @@ Format (schema 1, JSON object, keys sorted):
   fleet             optional: where the target's nodes live (the project file's nodes,
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
                     Absent: no fleet keys (locks written before them read the same)
-  extensions        optional: [{"dir": relative to the lock (beside the project file), "name":
-                    the distribution's canonical name, "sha256": of its source tree}], local
-                    extensions built against the locked torch in the image build
-                    (``envbuild/extensions``). The built wheel's own sha256 is known only then.
+  extensions        optional: [{"dir": relative to the lock, "name": canonical, "sha256": of its
+                    source tree}], built against the locked torch in the image build
+                    (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
+  sdists            optional: [canonical names], packages of the closure locked by their sdist
+                    (its sha256 in the pylock) and built beside the extensions (build-sdists)
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
