@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from test_extensions import closure, loaded, project, stack_lock, stages
+from test_lock_command import env, indexes, run
+from test_lock_command import project as lock_project
 
 from envbuild.commands.cli import main
 from envbuild.errors import BuildFailed, NoCompatibleStack, UsageError
@@ -29,6 +31,7 @@ from envbuild.pylock.uv import ClosureSpec, compile_closure, uv_failure
 from envbuild.render import lock as lockmod
 from envbuild.render import lockset
 
+__all__ = ["env", "indexes"]  # fixtures, used by name
 SDIST_SHA = "d" * 64
 HASHES = f'hashes = {{ sha256 = "{SDIST_SHA}" }}'
 STATIC_PKG_INFO = "Metadata-Version: 2.2\nName: mulext\nVersion: 0.1\n"
@@ -439,3 +442,26 @@ def test_project_key_is_unknown_to_nothing(tmp_path: Path) -> None:
     assert command[at + 1] == "flash-attn" and "--only-binary" in command
     assert project_from_text('dependencies = ["six"]\n', tmp_path / "envbuild.toml",
                              shown="envbuild.toml").build_sdists == ()
+
+
+def test_lock_records_build_sdists_and_check_calls_a_change_stale(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole lock command: the sdist in a find-links directory, the lock's ``sdists``, and
+    ``lock --check`` saying what is recorded, then stale once build-sdists changes."""
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "mulext-0.1.tar.gz").write_bytes(sdist_bytes())
+    lock_project(tmp_path, indexes, deps='["six", "mulext==0.1"]',
+                 targets='find-links = ["links"]\nbuild-sdists = ["mulext"]\n')
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert target["sdists"] == ["mulext"] and target["packages"]["mulext"] == "0.1"
+    assert "mulext" not in target["pylock"]["torch_layer"]
+    code, out, _ = run(capsys, env, "lock", "--check")
+    assert code == 0 and "extension mulext (source " in out and "no built wheel recorded yet" in out
+    text = (tmp_path / "envbuild.toml").read_text()
+    (tmp_path / "envbuild.toml").write_text(text.replace('build-sdists = ["mulext"]\n', ""))
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "build-sdists changed" in err
