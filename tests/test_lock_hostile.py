@@ -84,14 +84,15 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
     alone = render.parse_options(python_url=PY_URL, python_sha256=SHA, companions=False,
                                  compile_toolchain=False)
     closure = render.lock_for(default, matrix, dataclasses.replace(rich, pip_packages=()))
-    packages = {**closure.packages, "requests": "2.32.3"}
+    packages = {**closure.packages, "requests": "2.32.3", "mulext": "0.1"}
     text = pylock_text(packages)
     closure = dataclasses.replace(closure, packages=packages, layers=(), base_offline=True,
                                   pylock=lockmod.PylockRef(
                                       file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
-                                      torch_layer=tuple(sorted(set(packages) - {"requests"})),
+                                      torch_layer=tuple(sorted(set(packages) - {"requests", "mulext"})),
                                       platform="x86_64-manylinux_2_35"),
-                                  extensions=(extension(extension_root, "native/addext", "extension"),))
+                                  extensions=(extension(extension_root, "native/addext", "extension"),),
+                                  sdists=tuple(SDISTS))
     # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),
@@ -101,10 +102,19 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
             "closure": closure.to_json()}
 
 
+SDISTS = ["mulext"]  # the closure baseline's build-sdists package: an sdist in its pylock
+
+
 def pylock_text(packages: dict[str, str]) -> str:
-    """A PEP 751 file holding ``packages``, one pure-Python wheel each on a mirror."""
+    """A PEP 751 file holding ``packages``, one pure-Python wheel each on a mirror (an sdist
+    for ``SDISTS``)."""
     out = ['lock-version = "1.0"', 'created-by = "test"']
     for name, version in sorted(packages.items()):
+        if name in SDISTS:
+            out += ["", "[[packages]]", f'name = "{name}"', f'version = "{version}"',
+                    f'sdist = {{ url = "https://mirror.example/files/{name}-{version}.tar.gz", '
+                    f'hashes = {{ sha256 = "{"d" * 64}" }} }}']
+            continue
         wheel = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
         out += ["", "[[packages]]", f'name = "{name}"', f'version = "{version}"',
                 f'wheels = [{{ url = "https://mirror.example/files/{wheel}", '

@@ -42,6 +42,9 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--report", metavar="FILE", help="write the build report (JSON) to FILE")
     g.add_argument("--no-cache", action="store_true", help="build every step again, using no cached layer")
     g.add_argument("--verbose", "-v", action="store_true", help="show every build log line")
+    g.add_argument("--accept-rebuilt", action="store_true",
+                   help="record the extension wheels built now in envbuild.built.json, replacing the "
+                        "sha256 it records for the same build key (default: a differing rebuild fails)")
     g.add_argument("--builder", choices=("auto", "buildx", "buildah", "classic"), default="auto",
                    help="docker buildx, buildah or Docker's classic builder (auto: buildx if "
                         "installed, else classic when a daemon answers, else buildah)")
@@ -166,6 +169,11 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
     report = result.to_json()
     say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
         f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
+    if args.lock and (lock.extensions or lock.sdists):  # their wheels' sha256, beside the lock
+        from envbuild.commands.built import record_build
+
+        record_build(client, result.tag, lock, Path(args.lock).absolute().parent, say,
+                     accept=args.accept_rebuilt)
     if push:
         digest = _push(builder, client, result.tag, push, env)
         repository = push.rpartition(":")[0] if _has_tag(push) else push

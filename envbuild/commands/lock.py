@@ -354,7 +354,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=closure_inputs(spec))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
-                     layers=(), extensions=() if project is None else project.extensions)
+                     layers=(), extensions=() if project is None else project.extensions,
+                     sdists=() if project is None else project.build_sdists)
     check_lock(locked)
     return locked
 
@@ -380,6 +381,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         default_index=user_index or index(),
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
         installer=None if installer_choice(args, project) == "pip" else "uv",
+        no_binary=() if project is None else project.build_sdists,
         env=env,
     )
 
@@ -400,6 +402,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
             "python": spec.python, "glibc": spec.glibc, "find_links": list(spec.find_links),
             "default_index": None if spec.default_index is None else strip_credentials(spec.default_index),
             "installer": "pip" if spec.installer is None else "uv"}
+    if spec.no_binary:  # only when set: the fingerprint of a lock without them stays as it was
+        data["no_binary"] = list(spec.no_binary)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -492,11 +496,18 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
+        if (() if project is None else project.build_sdists) != locked.sdists:
+            found.append("build-sdists changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
                         hint="run 'envbuild lock' and commit the result")
     out(f"{path} is up to date ({len(lockset.targets)} target{'s' if len(lockset.targets) != 1 else ''})")
+    from envbuild.commands.built import describe
+
+    for name, target in sorted(lockset.targets.items()):  # what a build recorded beside it
+        for line in describe(target, path.absolute().parent, name if len(lockset.targets) > 1 else None):
+            out(line)
     return 0
 
 

@@ -16,6 +16,7 @@ from envbuild.commands.options import (
     add_render_options,
     add_selectors,
     load_matrix,
+    progress,
     reject_image_options,
     render_options,
     resolve_lock,
@@ -109,7 +110,13 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     # Its local wheels come only from the lock's directory (the project's) or --wheelhouse.
     # Its extensions' sources too: their directories are relative to the lock (the project's).
     options = replace(options, wheel_roots=(Path(args.lock).absolute().parent,),
-                      extension_root=Path(args.lock).absolute().parent)
+                      extension_root=Path(args.lock).absolute().parent,
+                      check_recorded=not getattr(args, "accept_rebuilt", False))
+    if not buildkit:  # said once: build renders twice for BuildKit builders
+        from envbuild.commands.built import describe
+
+        for line in describe(lock, Path(args.lock).absolute().parent):
+            progress(line)
     return lock, render_docker(lock, options, peaks=peaks_json(matrix), lockset_json=carried)
 
 

@@ -7,7 +7,12 @@
 - :mod:`envbuild.extensions.stage` turns a lock's extensions into the build context's files
   and the Dockerfile's build-stage values (``TORCH_CUDA_ARCH_LIST`` from the stack's arch list).
 
-The built wheel is made at image build time, so the lock records the source tree's sha256,
-not the wheel's; the build stage prints each built wheel's sha256 and the image keeps them in
-``/opt/envbuild/extension-wheels.sha256``.
+- :mod:`envbuild.extensions.sdists`: requirements only an sdist provides (``build-sdists``),
+  locked by the sdist's sha256 and built in the same stage.
+- :mod:`envbuild.extensions.record`: the built wheels' sha256 by build key (source sha256,
+  torch, CUDA, arch list, Python) in ``envbuild.built.json`` beside the lock.
+
+The built wheel is made at image build time, so the lock records the source's sha256, not the
+wheel's; the build stage prints each built wheel's sha256, the image keeps them in
+``/opt/envbuild/extension-wheels.sha256`` and ``build`` records them beside the lock.
 """

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from envbuild.confine import quoted
 from envbuild.errors import StaleLock, UsageError
+from envbuild.extensions.record import BuildKey
 from envbuild.extensions.tree import Extension, source_tree, tree_sha256
 
 CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
@@ -58,12 +59,24 @@ def torch_cuda_arch_list(cuda: str | None, arch_list: Sequence[str]) -> str | No
     return ";".join(parts) or None
 
 
+def build_keys(extensions: Sequence[Extension], sdists: Mapping[str, str], *, torch: str,
+               cuda: str | None, arch_list: Sequence[str], python: str) -> list[BuildKey]:
+    """The build key of each extension (its tree's sha256) and each sdist ({name: its sha256})."""
+    archs = torch_cuda_arch_list(cuda, arch_list) or ""
+    sources = {**{e.name: e.sha256 for e in extensions}, **sdists}
+    return [BuildKey(name=name, source_sha256=sha, torch=torch, cuda=cuda, archs=archs, python=python)
+            for name, sha in sorted(sources.items())]
+
+
 def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_list: Sequence[str],
-                  standalone: bool) -> dict[str, Any]:
-    """The template's values: the stage's name, each source directory (shell-quoted), the
-    apt packages building needs, and the arch list."""
+                  standalone: bool, sdists: bool = False, recorded: bool = False) -> dict[str, Any]:
+    """The template's values: the stage's name, each source directory (shell-quoted), whether
+    sdists are built (requirements/sdists.txt) and recorded wheels checked
+    (requirements/built.sha256), the apt packages building needs, and the arch list."""
     return {
-        "extension_stage": STAGE if extensions else None,
+        "extension_stage": STAGE if extensions or sdists else None,
+        "extension_sdists": sdists,
+        "extension_recorded": recorded,
         "extension_dirs": [shlex.quote(f"{SOURCES}/{e.dir}") for e in extensions],
         "extension_apt": sorted(BUILD_APT + (() if standalone else HEADERS_APT)),
         "extension_sources": SOURCES,

@@ -35,8 +35,8 @@ FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
 TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
-IMAGE_KEYS = ("extensions", "apt-packages", "compile-toolchain", "env", "user", "base-image", "index-url",
-              "torch-index-url", "find-links", "registry-mirrors", "installer")
+IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
+              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
@@ -397,6 +397,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
     find_links = _find_links(reader, table, root, cwd)
     extensions = _extensions(reader, table, root)
+    build_sdists = _build_sdists(reader, table, dependencies)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
         raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
@@ -416,8 +417,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         base_image=reader.string(table, "base-image", []),
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
-        find_links=find_links, extensions=extensions, registry_mirrors=dict(sorted(mirrors.items())),
-        installer=installer,
+        find_links=find_links, extensions=extensions, build_sdists=build_sdists,
+        registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
 
@@ -556,3 +557,24 @@ def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
                                                  "(the same directory or distribution name)")
         found.append(record)
     return tuple(found)
+
+
+def _build_sdists(reader: _Reader, table: Mapping[str, Any], dependencies: Sequence[str]) -> tuple[str, ...]:
+    """``build-sdists``: requirements of ``dependencies`` locked by their sdist and built against
+    the locked torch (envbuild/extensions/sdists.py), as canonical names."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from envbuild.extensions.sdists import check_names
+
+    names = reader.strings(table, "build-sdists", [])
+    try:
+        found = check_names(names, "build-sdists")
+    except UsageError as exc:
+        raise reader.fail(["build-sdists"], exc.message, exc.hint) from None
+    required = {canonicalize_name(Requirement(d).name) for d in dependencies}
+    for i, name in enumerate(names):
+        if canonicalize_name(name) not in required:
+            raise reader.fail(["build-sdists", i], f"{quoted(name)} is not a requirement of the project",
+                              "add it to dependencies (with its version) and name it here")
+    return found

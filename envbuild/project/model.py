@@ -53,6 +53,7 @@ class Project:
     find_links: tuple[str, ...] = ()
     registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
     extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
+    build_sdists: tuple[str, ...] = ()  # canonical names locked by their sdist and built beside them
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()

@@ -121,7 +121,9 @@ class IndexPages:
 
     def _fetch(self, name: str) -> tuple[str, dict[str, str | None]]:
         page = self._url(name)
-        reply = self._http().get(page, {"Accept": ACCEPT})
+        reply = self._http().get(page, {"Accept": ACCEPT}, allow=frozenset({404}))
+        if reply.status == 404:  # not on that index at all: its files came from a find-links page
+            return page, {}
         return page, page_hashes(reply.body, reply.headers.get("Content-Type", ""), reply.url)
 
     def _http(self) -> HttpClient:

@@ -31,6 +31,11 @@ _LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 _REMOTE_URL = re.compile(r"https?://[A-Za-z0-9._~%!$&'()*+,;=:@/-]+(?:#[A-Za-z0-9._~%=&-]*)?", re.ASCII)
 
 
+def is_remote_url(url: str) -> bool:
+    """``url`` is a plain http(s) URL a requirements line can carry: no space, quote or option."""
+    return _REMOTE_URL.fullmatch(url) is not None
+
+
 def python_minor(python: str) -> int:
     match = _PYTHON.fullmatch(python.strip())
     if match is None:
@@ -129,7 +134,7 @@ def _location(wheel: PylockFile, local_dir: str | None) -> str:
         assert wheel.url is not None
         # A requirements line is the URL, then options: a space, a quote or a line break in it
         # would add an option (--index-url …) or a requirement of the pylock's choosing.
-        if not _REMOTE_URL.fullmatch(wheel.url):
+        if not is_remote_url(wheel.url):
             raise UsageError(f"pylock: the url of {quoted(wheel.filename)} is not a plain http(s) URL",
                              hint="lock again: uv writes only such URLs")
         return wheel.url

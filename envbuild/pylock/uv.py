@@ -92,6 +92,8 @@ class ClosureSpec:
     offline: bool = False
     uv: str | None = None
     installer: str | None = None  # a uv version to pin as the build's installer; None: pip installs
+    # Packages taken from their sdist (--no-binary NAME), to be built in the image's build stage.
+    no_binary: tuple[str, ...] = ()
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -215,6 +217,8 @@ def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, has
         ["--format", "requirements.txt"]
     for link in spec.find_links:
         command += ["--find-links", link]
+    for name in spec.no_binary:  # overrides --only-binary :all: for these packages alone
+        command += ["--no-binary", name]
     if spec.offline:
         command.append("--offline")
     return command
@@ -421,6 +425,8 @@ _NOISE = re.compile(r"^(hint|help|note):", re.IGNORECASE)
 _AUTH_REFUSED = re.compile(r"(?:lack of valid authentication credentials|status client error) "
                            r"\((?P<status>40[13] [A-Za-z ]+)\)")
 _NAME = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)(?=[=<>!~ ,*]|$)")
+# uv: "Because mulext==0.1 has no usable wheels", "all versions of flash-attn have no usable wheels".
+_NO_WHEELS = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*?)(?:[=<>!~][^ ]*)? ha(?:s|ve) no usable wheels")
 
 
 def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
@@ -476,6 +482,10 @@ def _conflict(lines: list[str], spec: ClosureSpec) -> EnvbuildError:
         head = f"the project's requirements conflict with the stack: {'; '.join([*stack, *user])}"
     else:
         head = f"the project's requirements cannot be satisfied: {'; '.join(user) or 'see below'}"
-    return NoCompatibleStack(
-        f"{head}: {story}", conflicts=(*stack, *user),
-        hint="loosen the project's requirement or choose another stack (--torch, --driver)")
+    hint = "loosen the project's requirement or choose another stack (--torch, --driver)"
+    no_wheels = sorted({canonicalize_name(m) for m in _NO_WHEELS.findall(story)} - set(spec.no_binary))
+    if no_wheels:  # on the index as sdists only (flash-attn): build-sdists builds them
+        names = ", ".join(json.dumps(str(n)) for n in no_wheels[:3])
+        hint = (f"{no_wheels[0]} has no wheel for this platform: to build it from its sdist against the "
+                f"locked torch, add build-sdists = [{names}] to the project (docs/extensions.md)")
+    return NoCompatibleStack(f"{head}: {story}", conflicts=(*stack, *user), hint=hint)

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from envbuild.errors import UsageError
+from envbuild.extensions.record import BuildKey, read_record, stage_sums
+from envbuild.extensions.sdists import sdist_requirements, sdist_sha256
+from envbuild.extensions.stage import build_keys as stage_keys
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.install import install_requirements, local_wheels
 from envbuild.render.lock import Lock
@@ -35,10 +38,31 @@ def install_files(lock: Lock, *, local_dir: str | None,
                          f"({', '.join(f'{n} {v}' for n, v in differ[:5])})",
                          hint="run 'envbuild lock' again; never edit either by hand")
     torch_layer = sorted(ref.torch_layer)
-    rest = sorted(set(lock.packages) - set(torch_layer))
+    # build-sdists packages are built in the extensions stage: the image installs their wheels.
+    rest = sorted(set(lock.packages) - set(torch_layer) - set(lock.sdists))
     files = {"torch": install_requirements(pylock, torch_layer, python=lock.stack.python,
                                            glibc=ref.glibc, local_dir=local_dir)}
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
                                                 glibc=ref.glibc, local_dir=local_dir)
+    if lock.sdists:
+        files["sdists"] = sdist_requirements(pylock, lock.sdists)
     return files, ([] if local_dir is None else local_wheels(pylock, roots))
+
+
+def build_keys(lock: Lock) -> list[BuildKey]:
+    """The build key of each of the lock's extensions and sdists (envbuild/extensions/record.py)."""
+    if lock.pylock is None or not (lock.extensions or lock.sdists):
+        return []
+    pylock = read_pylock(lock.pylock.text)
+    return stage_keys(lock.extensions, {n: sdist_sha256(pylock, n) for n in lock.sdists},
+                      torch=lock.packages.get("torch", ""), cuda=lock.stack.cuda,
+                      arch_list=lock.stack.arch_list, python=lock.stack.python)
+
+
+def recorded_sums(lock: Lock, lock_dir: Path | None) -> str:
+    """``sha256sum -c`` lines of the wheels recorded beside the lock for its build keys ("" when none)."""
+    keys = build_keys(lock)
+    if not keys or lock_dir is None:
+        return ""
+    return stage_sums(read_record(lock_dir), keys)

@@ -71,6 +71,8 @@ class RenderOptions:
     base_os: str | None = None
     # Where a lock's extension directories lie (the lock's own directory): see envbuild/extensions.
     extension_root: Path | None = None
+    # The stage checks its wheels against envbuild.built.json's record (build --accept-rebuilt: not).
+    check_recorded: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,7 +317,7 @@ def labels(lock: Lock, provenance: Provenance | None = None,
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             peaks: bool = False, project_requirements: bool = False,
             provenance: Provenance | None = None, buildkit: bool = False,
-            found_os: str | None = None) -> dict[str, Any]:
+            found_os: str | None = None, recorded: bool = False) -> dict[str, Any]:
     s = lock.stack
     standalone = lock.python_standalone
     index_url = lock.index_url
@@ -366,11 +368,12 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         else lock.pylock.installer.name,
         "installer_file": INSTALLER_FILE,
         **stage_context(lock.extensions, cuda=s.cuda, arch_list=s.arch_list,
-                        standalone=standalone is not None),
+                        standalone=standalone is not None, sdists=bool(lock.sdists), recorded=recorded),
     }
 
 
 INSTALLER_FILE = "installer.txt"  # under requirements/: the hash-pinned uv wheel
+RECORDED_SUMS = "built.sha256"  # under requirements/: the recorded extension wheels' sha256
 
 
 def render_docker(lock: Lock, options: RenderOptions, *,
@@ -400,10 +403,14 @@ def render_docker(lock: Lock, options: RenderOptions, *,
             files[f"requirements/{INSTALLER_FILE}"] = lock.pylock.installer.requirement().encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
+        sums = closure.recorded_sums(lock, options.extension_root) if options.check_recorded else ""
+        if sums:  # the wheels built before for these build keys: the stage checks its own against them
+            files[f"requirements/{RECORDED_SUMS}"] = sums.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
-                provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os))
+                provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os,
+                recorded=f"requirements/{RECORDED_SUMS}" in files))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()

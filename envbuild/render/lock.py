@@ -45,10 +45,11 @@ Format (schema 1, JSON object, keys sorted):
   fleet             optional: where the target's nodes live (the project file's nodes,
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
                     Absent: no fleet keys (locks written before them read the same)
-  extensions        optional: [{"dir": relative to the lock (beside the project file), "name":
-                    the distribution's canonical name, "sha256": of its source tree}], local
-                    extensions built against the locked torch in the image build
-                    (``envbuild/extensions``). The built wheel's own sha256 is known only then.
+  extensions        optional: [{"dir": relative to the lock, "name": canonical, "sha256": of its
+                    source tree}], built against the locked torch in the image build
+                    (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
+  sdists            optional: [canonical names], packages of the closure locked by their sdist
+                    (its sha256 in the pylock) and built beside the extensions (build-sdists)
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -184,6 +185,7 @@ class Lock:
     fleet: fleetmod.Placement | None = None
     compile_toolchain: bool = True
     extensions: tuple[Extension, ...] = ()
+    sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -220,6 +222,8 @@ class Lock:
             data["fleet"] = self.fleet.to_json()
         if self.extensions:  # absent when none, so locks written before them read the same
             data["extensions"] = [e.to_json() for e in self.extensions]
+        if self.sdists:  # absent when none, as extensions
+            data["sdists"] = list(self.sdists)
         return data
 
 
@@ -482,10 +486,12 @@ def check_lock(lock: Lock) -> None:
 def check_extensions(lock: Lock) -> None:
     """Each extension's directory plain and relative, its name canonical, its digest hex;
     only in a locked closure (the image checks its installed set against the lock)."""
+    from envbuild.extensions.sdists import check_lock_sdists
     from envbuild.extensions.tree import check_dir
 
-    if lock.extensions and lock.pylock is None:
+    if (lock.extensions or lock.sdists) and lock.pylock is None:
         raise UsageError("lock extensions need a locked closure (pylock)", hint="re-create the lock")
+    check_lock_sdists(lock.sdists, lock.packages)
     for ext in lock.extensions:
         check_dir(ext.dir, "lock extension dir")
         check_sha256(ext.sha256, "extension sha256")
@@ -580,7 +586,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions"})
+                            "compile_toolchain", "extensions", "sdists"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -646,6 +652,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         fleet=fleetmod.from_json(data["fleet"]) if "fleet" in data else None,
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
+        sdists=tuple(_strings(data.get("sdists", []), "sdists")),
     )
 
 

@@ -40,8 +40,8 @@ def check_scriptable(lock: Lock) -> None:
                          "a host has no base image",
                          hint="re-create the lock with --python-url and --python-sha256, or choose "
                               f"Ubuntu {s.ubuntu}'s --python")
-    if lock.extensions:  # a host script installs wheels; it builds nothing
-        raise UsageError("the lock has extensions, which are built in an image build only",
+    if lock.extensions or lock.sdists:  # a host script installs wheels; it builds nothing
+        raise UsageError("the lock has extensions (or build-sdists), which are built in an image build only",
                          hint="render docker or build from this lock (docs/extensions.md)")
 
 
