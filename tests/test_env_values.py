@@ -17,7 +17,7 @@ from envbuild.errors import DataError, UsageError
 from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
 from envbuild.pylock.install import install_requirements
 from envbuild.redact import server_text
-from envbuild.render.lock import check_env, check_url, is_secret_name
+from envbuild.render.values import check_env, check_url, is_secret_name
 from envbuild.upstream import http_client
 
 ENV = {"ENVBUILD_NO_CACHE": "1"}

@@ -32,7 +32,7 @@ from envbuild.errors import DataError, EnvbuildError, UsageError
 from envbuild.registry import reference as registry
 from envbuild.registry.digest import image_digest
 from envbuild.registry.reference import ImageReference, parse_reference, pinned
-from envbuild.render.lock import check_image_reference
+from envbuild.render.values import check_image_reference
 from envbuild.upstream.http_client import HttpClient, HttpPolicy
 
 ROOT = Path(__file__).resolve().parent.parent

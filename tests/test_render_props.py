@@ -21,7 +21,7 @@ from envbuild.data.versions import DriverVersion
 from envbuild.errors import UsageError
 from envbuild.redact import has_credentials
 from envbuild.render import docker as render
-from envbuild.render import lock as lockmod
+from envbuild.render import values as valuesmod
 from envbuild.resolver.model import Request, Stack
 from envbuild.resolver.resolve import resolve
 
@@ -75,7 +75,7 @@ _base = st.builds(lambda host, path, tag: f"{host}{path}:{tag}",
                   st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}", fullmatch=True)
                   .filter(lambda t: t != "latest"))
 _user = st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True).filter(
-    lambda u: u not in lockmod.RESERVED_USERS)
+    lambda u: u not in valuesmod.RESERVED_USERS)
 _url = st.builds(lambda host, path: f"https://{host}.example/{path}", _name,
                  st.text(_LOWER + "._~%+=,/-", max_size=20))
 _ca_name = st.text(_LOWER + "._-", min_size=1, max_size=20).filter(lambda n: n not in (".", ".."))

@@ -379,7 +379,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     env_pairs = []
     for key, value in env.items():
         try:
-            from envbuild.render.lock import check_env
+            from envbuild.render.values import check_env
 
             env_pairs.append(check_env(key, value, "env"))  # the key alone: "A=x y" is no key
         except UsageError as exc:
@@ -388,7 +388,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     for host, url in mirrors.items():
         try:
             _check_mirror_host(host)
-            from envbuild.render.lock import check_url, port_ok
+            from envbuild.render.values import check_url, port_ok
 
             if not port_ok(host.rpartition(":")[2] if ":" in host else None):
                 raise UsageError(f"invalid registry host {host!r}: a port from 1 to 65535")
@@ -521,7 +521,7 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path,
     for i, link in enumerate(reader.strings(table, "find-links", [])):
         if "://" in link:
             try:
-                from envbuild.render.lock import check_url
+                from envbuild.render.values import check_url
 
                 links.append(check_url(link, "find-links"))
             except UsageError as exc:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from envbuild.errors import UsageError
-from envbuild.render.lock import Lock, check_image_reference, distro_python, recorded_standalone
+from envbuild.render.lock import Lock, distro_python, recorded_standalone
+from envbuild.render.values import check_image_reference
 
 if TYPE_CHECKING:
     from envbuild.data.matrix import Matrix

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from envbuild.errors import UsageError
 from envbuild.render.hostsetup import HostSetup
-from envbuild.render.lock import Lock, check_sha256, check_url
+from envbuild.render.lock import Lock
 from envbuild.render.script import PREFIX, render_script
 from envbuild.render.templates import environment
+from envbuild.render.values import check_sha256, check_url
 
 # The smallest common user-data limit: EC2's 16 KB, counted on the raw bytes (before base64).
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html (read 2026-11-24).

@@ -20,9 +20,9 @@ from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
 from envbuild.extensions.stage import context_files, stage_context
 from envbuild.fs import FileData
-from envbuild.render.lock import (
-    Lock,
-    Standalone,
+from envbuild.render.lock import Lock, Standalone, make_lock
+from envbuild.render.templates import environment, major_minor
+from envbuild.render.values import (
     check_debian_package,
     check_env_pair,
     check_image_reference,
@@ -30,9 +30,7 @@ from envbuild.render.lock import (
     check_sha256,
     check_url,
     check_user_name,
-    make_lock,
 )
-from envbuild.render.templates import environment, major_minor
 from envbuild.resolver.model import Stack
 from envbuild.smoke.bundle import payload as smoke_payload
 

@@ -28,6 +28,7 @@ from typing import Any
 from envbuild.confine import read_confined, read_regular
 from envbuild.errors import UsageError
 from envbuild.render import lock as lockmod
+from envbuild.render import values as valuesmod
 from envbuild.render.lock import Lock
 
 SCHEMA = 2
@@ -144,7 +145,7 @@ def _project(raw: Any) -> ProjectRef | None:
             or not isinstance(raw["file"], str) or not _PROJECT_FILE_RE.fullmatch(raw["file"]) \
             or raw["file"] in (".", ".."):
         raise UsageError("lock 'project' must be null or {file, inputs_sha256} with a plain file name")
-    return ProjectRef(file=raw["file"], inputs_sha256=lockmod.check_sha256(
+    return ProjectRef(file=raw["file"], inputs_sha256=valuesmod.check_sha256(
         lockmod._str(raw["inputs_sha256"], "project inputs_sha256"), "project inputs_sha256"))
 
 
