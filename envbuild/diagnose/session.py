@@ -24,15 +24,12 @@ from typing import Any
 from envbuild.diagnose import probe
 from envbuild.diagnose.evidence import Recording, read_probe_lines
 from envbuild.diagnose.gpu import GpuSample, Nvml, read_smi
-from envbuild.diagnose.procfs import CpuSnapshot, alive, process_tree, snapshot
+from envbuild.diagnose.procfs import CpuSnapshot, JobReader, alive
 from envbuild.errors import UsageError
 
 GRACE_S = 5.0  # a stopped job's time to finish its atexit (the probe's last lines) before SIGKILL
 INTERVAL_S = 0.5  # between samples; nvidia-smi, a process per sample, no more often than SMI_INTERVAL_S
 SMI_INTERVAL_S = 1.0
-# The job's process tree is found by reading every process's stat, the sampler's largest
-# cost: once per this many ticks (new workers show within 2 s), the known pids in between.
-TREE_EVERY = 4
 SMI_TIMEOUT_S = 10.0
 PROBE_FILE = "probe.jsonl"
 
@@ -149,20 +146,24 @@ class Sampler:
         self.pids: set[int] = set()
         self.gpu_every = SMI_INTERVAL_S if gpus.source == "nvidia-smi" else interval
         self.gpu_last = -1e9
-        self.ticks = 0
-        self.tree: list[int] = []
+        self.reader: JobReader | None = None
 
     def tick(self, root: int) -> None:
         now = self.clock()
-        if self.ticks % TREE_EVERY == 0:
-            self.tree = process_tree(root)
-        self.ticks += 1
-        snap = snapshot(root, now, pids=self.tree)
+        if self.reader is None or self.reader.root != root:
+            self.close()
+            self.reader = JobReader(root)
+        snap = self.reader.snapshot(now)
         self.pids.update(t.pid for t in snap.threads)
         self.cpu.append(snap)
         if self.gpus.read is not None and now - self.gpu_last >= self.gpu_every:
             self.gpu_last = now
             self.gpu.extend(self.gpus.read(now))
+
+    def close(self) -> None:
+        """The /proc descriptors held between ticks."""
+        if self.reader is not None:
+            self.reader.close()
 
     def recording(self, seconds: float, probe_lines: Sequence[str] = (), mig: bool = False) -> Recording:
         mig_profiles: tuple[tuple[str, float], ...] = ()
@@ -187,6 +188,8 @@ def run_command(argv: Sequence[str], *, seconds: float, env: Mapping[str, str], 
         except BaseException:  # Ctrl-C, SIGTERM: the job's whole group goes first
             stop_group(job)
             raise
+        finally:
+            sampler.close()
         lines = _probe_lines(directory / PROBE_FILE)
         return Outcome(recording=sampler.recording(time.time() - began, lines, _mig(sampler)),
                        exit_code=None if stopped else exit_code(job.returncode), stopped=stopped)
@@ -224,9 +227,12 @@ def watch_pid(pid: int, *, seconds: float, gpus: Gpus, interval: float = INTERVA
         raise UsageError(f"no such process: {pid}", hint="give the pid of a running job "
                          "(pgrep -f train.py)")
     sampler, began = Sampler(gpus, interval), time.time()
-    while time.time() - began < seconds and alive(pid):
-        sampler.tick(pid)
-        time.sleep(interval)
+    try:
+        while time.time() - began < seconds and alive(pid):
+            sampler.tick(pid)
+            time.sleep(interval)
+    finally:
+        sampler.close()
     return Outcome(recording=sampler.recording(time.time() - began, (), _mig(sampler)),
                    exit_code=None, stopped=False)
 
