@@ -1,5 +1,6 @@
-"""The diagnose sampler's /proc reader: descriptors held open between ticks, thread lists
-read again only when a process's threads change, and the process tree's parent cache."""
+"""The diagnose sampler's cheap readers: /proc through descriptors held open between ticks,
+thread lists read again only when a process's threads change, the process tree's parent
+cache; and nvidia-smi as one looping process (a fake nvidia-smi: no GPU here)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import pytest
+
+from envbuild.diagnose import gpu, session, smi
 from envbuild.diagnose.procfs import JobReader, StatFiles, parse_process, process_tree, snapshot
 
 # fields 3-24, then 25-41 zero, 42 delayacct_blkio_ticks, two more
@@ -153,3 +158,80 @@ def test_real_children_and_their_threads_are_found() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+# --- nvidia-smi as one looping process (envbuild/diagnose/smi.py) --------------------------
+
+FAKE_SMI = """#!{python}
+import sys, time
+with open({log!r}, "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+args = sys.argv[1:]
+if args[0].startswith("--query-compute-apps"):
+    print({apps!r})
+elif "-lms" in args:
+    if {refuse_loop!r}:
+        sys.exit(2)
+    while True:
+        print({line!r}, flush=True)
+        time.sleep(int(args[args.index("-lms") + 1]) / 1000)
+else:
+    print({line!r})
+"""
+
+
+def fake_smi(directory: Path, refuse_loop: bool = False) -> Path:
+    fixtures = Path(__file__).parent / "fixtures" / "diagnose"
+    line = (fixtures / "gpu-bound.csv").read_text().splitlines()[1]
+    apps = (fixtures / "gpu-bound-apps.csv").read_text().splitlines()[1]
+    log = directory / "calls.log"
+    exe = directory / "nvidia-smi"
+    exe.write_text(FAKE_SMI.format(python=sys.executable, log=str(log), apps=apps, line=line,
+                                   refuse_loop=refuse_loop))
+    exe.chmod(0o755)
+    return log
+
+
+def sample_for(gpus: session.Gpus, seconds: float) -> list[gpu.GpuSample]:
+    sampler = session.Sampler(gpus, 0.05)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sampler.tick(os.getpid())
+        time.sleep(0.05)
+    sampler.close()
+    gpus.close()
+    return sampler.gpu
+
+
+def test_nvidia_smi_is_one_looping_process_not_one_per_sample(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "SMI_INTERVAL_S", 0.1)
+    log = fake_smi(tmp_path)
+    gpus = session.open_gpus({"PATH": str(tmp_path)}, None)
+    assert gpus.source == "nvidia-smi"
+    samples = sample_for(gpus, 1.5)
+    calls = log.read_text().splitlines()
+    assert len(samples) >= 4 and all(s.processes == ((4242, 29800.0),) for s in samples)
+    assert len(set(s.t for s in samples)) == len(samples)  # each stamped when it arrived
+    assert sum("-lms 100" in c for c in calls) == 1
+    assert sum("--query-compute-apps" in c for c in calls) == 1  # once per smi.APPS_EVERY_S (2 s)
+    assert sum(c.startswith("--query-gpu") and "-lms" not in c for c in calls) == 1  # the first probe
+
+
+def test_nvidia_smi_refusing_the_loop_is_asked_per_sample(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "SMI_INTERVAL_S", 0.1)
+    monkeypatch.setattr(smi, "FALLBACK_S", 0.2)
+    log = fake_smi(tmp_path, refuse_loop=True)
+    gpus = session.open_gpus({"PATH": str(tmp_path)}, None)
+    samples = sample_for(gpus, 2.0)
+    calls = log.read_text().splitlines()
+    assert len(samples) >= 3 and samples[0].util_pct == 97.0
+    assert sum(c.startswith("--query-gpu") and "-lms" not in c for c in calls) >= 4
+
+
+def test_closing_the_stream_ends_its_process(tmp_path: Path) -> None:
+    fake_smi(tmp_path)
+    stream = smi.SmiStream(str(tmp_path / "nvidia-smi"), gpu.SMI_FIELDS, 100, lambda argv: "", {})
+    stream.close()
+    assert stream.process.poll() is not None and not stream.pump.is_alive()

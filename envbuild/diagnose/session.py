@@ -23,13 +23,14 @@ from typing import Any
 
 from envbuild.diagnose import probe
 from envbuild.diagnose.evidence import Recording, read_probe_lines
-from envbuild.diagnose.gpu import GpuSample, Nvml, read_smi
+from envbuild.diagnose.gpu import GpuSample, Nvml, query_fields, read_smi
 from envbuild.diagnose.procfs import CpuSnapshot, JobReader, alive
+from envbuild.diagnose.smi import SmiStream, period_ms
 from envbuild.errors import UsageError
 
 GRACE_S = 5.0  # a stopped job's time to finish its atexit (the probe's last lines) before SIGKILL
-INTERVAL_S = 0.5  # between samples; nvidia-smi, a process per sample, no more often than SMI_INTERVAL_S
-SMI_INTERVAL_S = 1.0
+INTERVAL_S = 0.5  # between samples of /proc and NVML
+SMI_INTERVAL_S = 1.0  # nvidia-smi's loop period (its samples are collected at this pace too)
 SMI_TIMEOUT_S = 10.0
 PROBE_FILE = "probe.jsonl"
 
@@ -89,9 +90,16 @@ def open_gpus(env: Mapping[str, str], nvml: Any = None) -> Gpus:
         if reader is not None:
             reader.close()
     run = smi_runner(env)
-    if read_smi(run, 0.0):
+    answered = query_fields(run)
+    if answered is None:
+        return Gpus(read=None, source=None)
+    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    try:
+        stream = SmiStream(exe or "nvidia-smi", answered[0], period_ms(SMI_INTERVAL_S), run,
+                           {**env, "LC_ALL": "C"})
+    except OSError:  # no second process: a query per sample
         return Gpus(read=lambda t: read_smi(run, t) or [], source="nvidia-smi")
-    return Gpus(read=None, source=None)
+    return Gpus(read=stream.read, source="nvidia-smi", close=stream.close)
 
 
 def probe_dir() -> Path:
