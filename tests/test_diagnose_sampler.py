@@ -1,6 +1,7 @@
-"""The diagnose sampler's cheap readers: /proc through descriptors held open between ticks,
-thread lists read again only when a process's threads change, the process tree's parent
-cache; and nvidia-smi as one looping process (a fake nvidia-smi: no GPU here)."""
+"""The diagnose sampler's cheap readers and waits: /proc through descriptors held open
+between ticks, thread lists read again only when a process's threads change, the process
+tree's parent cache; nvidia-smi as one looping process (a fake nvidia-smi: no GPU here);
+one wake-up per tick while waiting for the job."""
 
 from __future__ import annotations
 
@@ -235,3 +236,22 @@ def test_closing_the_stream_ends_its_process(tmp_path: Path) -> None:
     stream = smi.SmiStream(str(tmp_path / "nvidia-smi"), gpu.SMI_FIELDS, 100, lambda argv: "", {})
     stream.close()
     assert stream.process.poll() is not None and not stream.pump.is_alive()
+
+
+# --- waiting for the job between ticks ------------------------------------------------------
+
+
+def test_waiting_between_ticks_wakes_on_exit_without_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    waitpid = os.waitpid
+
+    def counted(pid: int, options: int) -> tuple[int, int]:
+        calls.append(pid)
+        return waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", counted)
+    started = time.monotonic()
+    outcome = session.run_command(["sleep", "1.5"], seconds=60, env=dict(os.environ),
+                                  gpus=session.Gpus(read=None, source=None), interval=1.0)
+    assert outcome.exit_code == 0 and time.monotonic() - started < 2.4  # woken by the exit
+    assert len(calls) <= 6  # a check per tick; Popen.wait(timeout) polls ~30 times a second
