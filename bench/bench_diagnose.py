@@ -28,7 +28,9 @@ Printed: medians, minima, maxima and the spread ((max - min) / median) of each s
 ratio of the medians and the median of the per-round ratios (each diagnosed run against the
 bare run beside it), and the load average before and after. Target: ratio of medians
 (diagnosed / bare) of the loop's wall time <= 1.03. Run from the checkout:
-`PYTHONPATH=. python bench/bench_diagnose.py [ROUNDS] [--steps N] [--only inproc|e2e|sampler]`.
+`PYTHONPATH=. python bench/bench_diagnose.py [ROUNDS] [--steps N] [--only inproc|e2e|sampler]
+[--baseline OTHER_CHECKOUT]` (the last adds a third arm diagnosed by that checkout's envbuild:
+before/after in one interleaved sequence).
 """
 
 from __future__ import annotations
@@ -95,23 +97,23 @@ def own_cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
 
 
-def run(job: Path, result: Path, steps: int, diagnosed: bool) -> dict[str, float]:
+def run(job: Path, result: Path, steps: int, checkout: Path | None) -> dict[str, float]:
+    """One run of the job: bare (``checkout`` None) or under that checkout's envbuild diagnose."""
     command = [sys.executable, str(job), str(result), str(steps)]
-    if diagnosed:
-        command = [sys.executable, "-m", "envbuild", "diagnose", "--seconds", "600", "--", *command]
     env = {**os.environ, **SINGLE_THREAD}
-    if diagnosed:
-        env["PYTHONPATH"] = str(ROOT)
+    if checkout is not None:
+        command = [sys.executable, "-m", "envbuild", "diagnose", "--seconds", "600", "--", *command]
+        env["PYTHONPATH"] = str(checkout)
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
     wall = time.perf_counter() - started
     own, children = own_cpu(process.pid)
     if process.wait() != 0:
-        raise SystemExit(f"the {'diagnosed' if diagnosed else 'bare'} job failed")
+        raise SystemExit(f"the job failed ({checkout or 'bare'})")
     found = {k: float(v) for k, v in json.loads(result.read_text()).items()}
-    return {**found, "wall_s": wall, "sampler_cpu_s": own if diagnosed else 0.0,
-            "job_total_cpu_s": children if diagnosed else own}
+    return {**found, "wall_s": wall, "sampler_cpu_s": own if checkout else 0.0,
+            "job_total_cpu_s": children if checkout else own}
 
 
 def in_process(rounds: int) -> None:
@@ -200,33 +202,40 @@ def _hook_cost(recorder: Any) -> float:
     return max(0.0, time.perf_counter() - started - empty) / n
 
 
-def end_to_end(rounds: int, steps: int) -> None:
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+def end_to_end(rounds: int, steps: int, baseline: Path | None) -> None:
+    """3: bare and diagnosed runs in turn, the order rotating each round; with ``baseline``,
+    a third arm diagnosed by another checkout's envbuild (before/after in one sequence)."""
+    arms: list[tuple[str, Path | None]] = [("bare", None), ("diagnosed", ROOT)]
+    arms += [(f"diagnosed by {baseline.name}", baseline)] if baseline else []
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in arms}
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-diagnose-") as tmp:
         job, result = Path(tmp) / "job.py", Path(tmp) / "result.json"
         job.write_text(JOB)
         for i in range(rounds):
-            for diagnosed in ((False, True) if i % 2 == 0 else (True, False)):
-                runs[diagnosed].append(run(job, result, steps, diagnosed))
-    print(f"3. end to end, {rounds} rounds (bare/diagnosed interleaved, order alternating), {steps} "
-          f"steps each, one torch thread; {os.cpu_count()} CPUs, load average (1 min) "
-          f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(f"   {'':22}{'bare median':>12}{'min':>8}{'max':>8}{'spread':>8}{'diag median':>13}{'min':>8}"
-          f"{'max':>8}{'spread':>8}{'ratio med':>11}{'paired':>8}")
+            for label, checkout in arms[i % len(arms):] + arms[:i % len(arms)]:
+                runs[label].append(run(job, result, steps, checkout))
+    print(f"3. end to end, {rounds} rounds ({', '.join(label for label, _ in arms)} in turn, the order "
+          f"rotating), {steps} steps each, one torch thread; {os.cpu_count()} CPUs, load average "
+          f"(1 min) {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(f"   {'':24}{'median':>9}{'min':>8}{'max':>8}{'spread':>8}{'/bare: medians':>16}{'paired':>8}")
     for field, what in (("loop_s", "loop wall s"), ("loop_cpu_s", "loop CPU s"),
-                        ("wall_s", "process wall s"), ("job_total_cpu_s", "job CPU s (exit incl.)")):
-        bare, diag = [r[field] for r in runs[False]], [r[field] for r in runs[True]]
-        paired = statistics.median(d / b for d, b in zip(diag, bare, strict=True))
-        print(f"   {what:22}{_stats(bare)} {_stats(diag)}"
-              f"{statistics.median(diag) / statistics.median(bare):11.3f}{paired:8.3f}")
-    ratio = _median(runs[True], "loop_s") / _median(runs[False], "loop_s")
+                        ("wall_s", "process wall s"), ("job_total_cpu_s", "job CPU s, exit incl.")):
+        bare = [r[field] for r in runs["bare"]]
+        for label, _ in arms:
+            values = [r[field] for r in runs[label]]
+            paired = statistics.median(v / b for v, b in zip(values, bare, strict=True))
+            ratios = f"{statistics.median(values) / statistics.median(bare):16.3f}{paired:8.3f}"
+            print(f"   {what if label == 'bare' else '':24}{_stats(values)}"
+                  f"{ratios if label != 'bare' else ''}   {label}")
+    ratio = _median(runs["diagnosed"], "loop_s") / _median(runs["bare"], "loop_s")
     print(f"   loop wall, ratio of medians {ratio:.3f}; target <= {TARGET}: "
-          f"{_judge(ratio, [r['loop_s'] for r in runs[False]])}")
-    cpu = [r["sampler_cpu_s"] for r in runs[True]]
-    per_s = statistics.median(r["sampler_cpu_s"] / r["wall_s"] for r in runs[True])
-    print(f"   envbuild's own process (start-up, sampling, report): {statistics.median(cpu):.3f} CPU s "
-          f"per run (min {min(cpu):.3f}, max {max(cpu):.3f}), {100 * per_s:.1f}% of one core over the run")
+          f"{_judge(ratio, [r['loop_s'] for r in runs['bare']])}")
+    for label, _ in arms[1:]:
+        cpu = [r["sampler_cpu_s"] for r in runs[label]]
+        per_s = statistics.median(r["sampler_cpu_s"] / r["wall_s"] for r in runs[label])
+        print(f"   {label}: envbuild's own process (start-up, sampling, report) {statistics.median(cpu):.3f} "
+              f"CPU s per run (min {min(cpu):.3f}, max {max(cpu):.3f}), {100 * per_s:.1f}% of one core")
 
 
 def sampler_alone(seconds: float = 5.0) -> None:
@@ -262,19 +271,20 @@ def main() -> int:
     parser.add_argument("rounds", type=int, nargs="?", default=7)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--only", choices=("inproc", "e2e", "sampler"))
+    parser.add_argument("--baseline", type=Path, help="another envbuild checkout, diagnosing a third arm")
     args = parser.parse_args()
     if args.only in (None, "sampler"):
         sampler_alone()
     if args.only in (None, "inproc"):
         in_process(4 * args.rounds)
     if args.only in (None, "e2e"):
-        end_to_end(args.rounds, args.steps)
+        end_to_end(args.rounds, args.steps, args.baseline)
     return 0
 
 
 def _stats(values: list[float]) -> str:
     middle = statistics.median(values)
-    return (f"{middle:12.3f}{min(values):8.3f}{max(values):8.3f}"
+    return (f"{middle:9.3f}{min(values):8.3f}{max(values):8.3f}"
             f"{100 * (max(values) - min(values)) / middle:7.1f}%")
 
 
