@@ -231,6 +231,20 @@ def test_nvidia_smi_refusing_the_loop_is_asked_per_sample(tmp_path: Path,
     assert sum(c.startswith("--query-gpu") and "-lms" not in c for c in calls) >= 4
 
 
+def test_samples_printed_after_the_last_tick_are_kept(tmp_path: Path) -> None:
+    """A job shorter than nvidia-smi's period: the first tick comes before the loop's first
+    line; closing the sampler collects what arrived since."""
+    fake_smi(tmp_path)
+    stream = smi.SmiStream(str(tmp_path / "nvidia-smi"), gpu.SMI_FIELDS, 100, lambda argv: "", {})
+    sampler = session.Sampler(session.Gpus(read=stream.read, source="nvidia-smi", close=stream.close), 0.1)
+    sampler.tick(os.getpid())
+    first = len(sampler.gpu)
+    time.sleep(1.0)
+    sampler.close()
+    stream.close()
+    assert first == 0 and len(sampler.gpu) >= 2
+
+
 def test_closing_the_stream_ends_its_process(tmp_path: Path) -> None:
     fake_smi(tmp_path)
     stream = smi.SmiStream(str(tmp_path / "nvidia-smi"), gpu.SMI_FIELDS, 100, lambda argv: "", {})

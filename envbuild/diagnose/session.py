@@ -160,7 +160,8 @@ class Sampler:
     def tick(self, root: int) -> None:
         now = self.clock()
         if self.reader is None or self.reader.root != root:
-            self.close()
+            if self.reader is not None:
+                self.reader.close()
             self.reader = JobReader(root)
         snap = self.reader.snapshot(now)
         self.pids.update(t.pid for t in snap.threads)
@@ -170,7 +171,10 @@ class Sampler:
             self.gpu.extend(self.gpus.read(now))
 
     def close(self) -> None:
-        """The /proc descriptors held between ticks."""
+        """The samples nvidia-smi's loop printed since the last tick (a job shorter than its
+        period has no other), and the /proc descriptors held between ticks."""
+        if self.gpus.read is not None and self.gpus.source == "nvidia-smi":
+            self.gpu.extend(self.gpus.read(self.clock()))
         if self.reader is not None:
             self.reader.close()
 
