@@ -11,7 +11,8 @@
    OMP_NUM_THREADS=1 so the job's own runtime does not depend on a free second core;
 4. the sampler alone: its CPU per tick against a job of 5 processes and 29 threads (a
    training process with four DataLoader workers), and what that is per second at the
-   default interval. It runs against any checkout that has `session.Sampler`, so a
+   default interval; and `session.run_command`'s CPU per second of sampling a `sleep`
+   (the ticks and the waits between them). It runs against any checkout that has `session.Sampler`, so a
    before/after pair is `PYTHONPATH=<old checkout> python bench/bench_diagnose.py --only sampler`.
 
 The job times its own loop (a fixed number of optimizer steps over a DataLoader, so every
@@ -264,6 +265,15 @@ def sampler_alone(seconds: float = 5.0) -> None:
           f"{len(sampler.cpu[-1].blkio)} processes / {threads} threads: {1e3 * cpu / ticks:.3f} ms CPU "
           f"per tick = {100 * cpu / ticks / session.INTERVAL_S:.2f}% of one core at one tick per "
           f"{session.INTERVAL_S} s (load average {os.getloadavg()[0]:.2f})")
+    spent = {}
+    for length in (1, 6):  # the difference: ticks and the waits between them, start-up cancelled out
+        started = time.process_time()
+        session.run_command(["sleep", str(length)], seconds=60, env=dict(os.environ),
+                            gpus=session.Gpus(read=None, source=None))
+        spent[length] = time.process_time() - started
+    per_s = (spent[6] - spent[1]) / 5
+    print(f"   run_command against `sleep` (one thread), ticks and waits: {1e3 * per_s:.2f} ms CPU per "
+          f"second of sampling = {100 * per_s:.2f}% of one core")
 
 
 def main() -> int:
