@@ -147,6 +147,11 @@ def test_parent_cache_reads_new_processes_only_and_forgets_ended_ones(tmp_path: 
     assert process_tree(10, tmp_path, parents) == [10] and 11 not in parents
 
 
+def test_stale_parents_forming_a_cycle_end_the_walk(tmp_path: Path) -> None:
+    fake_proc(tmp_path, {10: 1, 11: 10})
+    assert process_tree(10, tmp_path, {10: 11, 11: 10}) == [10, 11]  # cached, as after pid reuse
+
+
 def test_real_children_and_their_threads_are_found() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
                               "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"

@@ -121,11 +121,13 @@ def process_tree(root: int, proc: Path = Path("/proc"), parents: dict[int, int] 
     children: dict[int, list[int]] = {}
     for pid, parent in parents.items():
         children.setdefault(parent, []).append(pid)
-    found, todo = [], [root]
-    while todo:
+    found: set[int] = set()
+    todo = [root]
+    while todo:  # a set: a stale cached parent (a reused pid) must not make a loop endless
         pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
     return sorted(found)
 
 
