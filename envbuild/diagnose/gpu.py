@@ -1,5 +1,6 @@
 """GPU samples for ``envbuild diagnose``: NVML through ``pynvml`` (the optional extra
-``envbuild[nvml]``, which installs nvidia-ml-py), else one ``nvidia-smi`` CSV query per sample.
+``envbuild[nvml]``, which installs nvidia-ml-py), else ``nvidia-smi`` CSV queries (one looping
+process, ``smi.SmiStream``; the parsing is here).
 
 Both readers return the same ``GpuSample`` values, so the verdict rules never know which
 one answered, and a recorded CSV (or a fake ``pynvml``) tests them without a GPU.
@@ -106,17 +107,23 @@ def parse_smi_csv(text: str, t: float, apps: str = "") -> list[GpuSample]:
 Runner = Callable[[Sequence[str]], "str | None"]
 
 
-def read_smi(run: Runner, t: float) -> list[GpuSample] | None:
-    """Sample every GPU through nvidia-smi; None when it does not answer."""
+def query_fields(run: Runner) -> tuple[tuple[str, ...], str] | None:
+    """The field list this nvidia-smi accepts and its answer; None when it does not answer."""
     for fields in (SMI_FIELDS, SMI_FIELDS_EVENT):
         text = run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
         if text is not None:
-            break
-    else:
+            return fields, text
+    return None
+
+
+def read_smi(run: Runner, t: float) -> list[GpuSample] | None:
+    """Sample every GPU through nvidia-smi; None when it does not answer."""
+    answered = query_fields(run)
+    if answered is None:
         return None
     apps = run(["nvidia-smi", f"--query-compute-apps={','.join(SMI_APPS)}",
                 "--format=csv,noheader,nounits"])
-    return parse_smi_csv(text, t, apps or "")
+    return parse_smi_csv(answered[1], t, apps or "")
 
 
 def _try(call: Callable[..., Any], *args: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -23,16 +24,14 @@ from typing import Any
 
 from envbuild.diagnose import probe
 from envbuild.diagnose.evidence import Recording, read_probe_lines
-from envbuild.diagnose.gpu import GpuSample, Nvml, read_smi
-from envbuild.diagnose.procfs import CpuSnapshot, alive, process_tree, snapshot
+from envbuild.diagnose.gpu import GpuSample, Nvml, query_fields, read_smi
+from envbuild.diagnose.procfs import CpuSnapshot, JobReader, alive
+from envbuild.diagnose.smi import SmiStream, period_ms
 from envbuild.errors import UsageError
 
 GRACE_S = 5.0  # a stopped job's time to finish its atexit (the probe's last lines) before SIGKILL
-INTERVAL_S = 0.5  # between samples; nvidia-smi, a process per sample, no more often than SMI_INTERVAL_S
-SMI_INTERVAL_S = 1.0
-# The job's process tree is found by reading every process's stat, the sampler's largest
-# cost: once per this many ticks (new workers show within 2 s), the known pids in between.
-TREE_EVERY = 4
+INTERVAL_S = 0.5  # between samples of /proc and NVML
+SMI_INTERVAL_S = 1.0  # nvidia-smi's loop period (its samples are collected at this pace too)
 SMI_TIMEOUT_S = 10.0
 PROBE_FILE = "probe.jsonl"
 
@@ -92,9 +91,16 @@ def open_gpus(env: Mapping[str, str], nvml: Any = None) -> Gpus:
         if reader is not None:
             reader.close()
     run = smi_runner(env)
-    if read_smi(run, 0.0):
+    answered = query_fields(run)
+    if answered is None:
+        return Gpus(read=None, source=None)
+    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    try:
+        stream = SmiStream(exe or "nvidia-smi", answered[0], period_ms(SMI_INTERVAL_S), run,
+                           {**env, "LC_ALL": "C"})
+    except OSError:  # no second process: a query per sample
         return Gpus(read=lambda t: read_smi(run, t) or [], source="nvidia-smi")
-    return Gpus(read=None, source=None)
+    return Gpus(read=stream.read, source="nvidia-smi", close=stream.close)
 
 
 def probe_dir() -> Path:
@@ -149,20 +155,28 @@ class Sampler:
         self.pids: set[int] = set()
         self.gpu_every = SMI_INTERVAL_S if gpus.source == "nvidia-smi" else interval
         self.gpu_last = -1e9
-        self.ticks = 0
-        self.tree: list[int] = []
+        self.reader: JobReader | None = None
 
     def tick(self, root: int) -> None:
         now = self.clock()
-        if self.ticks % TREE_EVERY == 0:
-            self.tree = process_tree(root)
-        self.ticks += 1
-        snap = snapshot(root, now, pids=self.tree)
+        if self.reader is None or self.reader.root != root:
+            if self.reader is not None:
+                self.reader.close()
+            self.reader = JobReader(root)
+        snap = self.reader.snapshot(now)
         self.pids.update(t.pid for t in snap.threads)
         self.cpu.append(snap)
         if self.gpus.read is not None and now - self.gpu_last >= self.gpu_every:
             self.gpu_last = now
             self.gpu.extend(self.gpus.read(now))
+
+    def close(self) -> None:
+        """The samples nvidia-smi's loop printed since the last tick (a job shorter than its
+        period has no other), and the /proc descriptors held between ticks."""
+        if self.gpus.read is not None and self.gpus.source == "nvidia-smi":
+            self.gpu.extend(self.gpus.read(self.clock()))
+        if self.reader is not None:
+            self.reader.close()
 
     def recording(self, seconds: float, probe_lines: Sequence[str] = (), mig: bool = False) -> Recording:
         mig_profiles: tuple[tuple[str, float], ...] = ()
@@ -187,6 +201,8 @@ def run_command(argv: Sequence[str], *, seconds: float, env: Mapping[str, str], 
         except BaseException:  # Ctrl-C, SIGTERM: the job's whole group goes first
             stop_group(job)
             raise
+        finally:
+            sampler.close()
         lines = _probe_lines(directory / PROBE_FILE)
         return Outcome(recording=sampler.recording(time.time() - began, lines, _mig(sampler)),
                        exit_code=None if stopped else exit_code(job.returncode), stopped=stopped)
@@ -195,15 +211,37 @@ def run_command(argv: Sequence[str], *, seconds: float, env: Mapping[str, str], 
 
 
 def _watch(job: subprocess.Popen[bytes], sampler: Sampler, deadline: float) -> bool:
-    while True:
-        sampler.tick(job.pid)
-        if job.poll() is not None:
-            return False
-        if time.time() >= deadline:
-            stop_group(job)
-            return True
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            job.wait(sampler.interval)
+    exited = _exit_descriptor(job.pid)
+    try:
+        while True:
+            sampler.tick(job.pid)
+            if job.poll() is not None:
+                return False
+            if time.time() >= deadline:
+                stop_group(job)
+                return True
+            _pause(job, exited, sampler.interval)
+    finally:
+        if exited is not None:
+            os.close(exited)
+
+
+def _exit_descriptor(pid: int) -> int | None:
+    """A pidfd, readable once ``pid`` exits (Linux 5.3+); None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _pause(job: subprocess.Popen[bytes], exited: int | None, seconds: float) -> None:
+    """Up to ``seconds``, or until the job exits: one wake-up on a pidfd, where Popen.wait
+    with a timeout polls about 30 times a second (the sampler's largest cost for a small job)."""
+    if exited is not None:
+        select.select([exited], [], [], seconds)
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(seconds)
 
 
 def _probe_lines(path: Path) -> list[str]:
@@ -224,9 +262,12 @@ def watch_pid(pid: int, *, seconds: float, gpus: Gpus, interval: float = INTERVA
         raise UsageError(f"no such process: {pid}", hint="give the pid of a running job "
                          "(pgrep -f train.py)")
     sampler, began = Sampler(gpus, interval), time.time()
-    while time.time() - began < seconds and alive(pid):
-        sampler.tick(pid)
-        time.sleep(interval)
+    try:
+        while time.time() - began < seconds and alive(pid):
+            sampler.tick(pid)
+            time.sleep(interval)
+    finally:
+        sampler.close()
     return Outcome(recording=sampler.recording(time.time() - began, (), _mig(sampler)),
                    exit_code=None, stopped=False)
 
