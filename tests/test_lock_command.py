@@ -78,7 +78,10 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture()
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cache = tmp_path_factory.mktemp("uv-cache")
-    return {**os.environ, "UV_CACHE_DIR": str(cache), "UV_HTTP_RETRIES": "0"}
+    # envbuild's own cache (the index pages' remembered sha256s) is the test's too, so that no
+    # test finds what another left there
+    mine = tmp_path_factory.mktemp("envbuild-cache")
+    return {**os.environ, "UV_CACHE_DIR": str(cache), "UV_HTTP_RETRIES": "0", "XDG_CACHE_HOME": str(mine)}
 
 
 def project(directory: Path, indexes: str, *, deps: str = '["six"]', targets: str = "") -> Path:
