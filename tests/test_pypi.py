@@ -18,6 +18,7 @@ import random
 import re
 import socket
 import struct
+import sys
 import threading
 import time
 import zipfile
@@ -780,3 +781,43 @@ def test_real_torch_2_4_0_pins_cuda_runtime_12_1_105() -> None:
 
     assert pins["cuda_runtime"][0] == "12.1.105"
     assert read.bytes_transferred < 2_000_000  # the wheel is ~800 MB
+
+
+def test_pip_is_not_asked_when_no_config_file_names_index_url(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip config list` costs ~0.3 s of every lock: skipped when no file pip reads has the key."""
+    files = [tmp_path / "a.conf", tmp_path / "missing.conf", tmp_path / "b.conf"]
+    files[0].write_text("[global]\nextra-index-url = https://extra.example/simple\ncert = /x\n")
+    files[2].write_text("[install]\n  find-links = /w\n")
+    monkeypatch.setattr(pipconfig, "pip_config_files", lambda env: [str(f) for f in files])
+    monkeypatch.setattr(pipconfig.subprocess, "run", lambda *a, **k: pytest.fail("pip was asked"))
+    assert pipconfig.no_file_sets_index_url({}) is True
+    assert pipconfig.pip_config_index_url({}) is None
+
+
+@pytest.mark.parametrize("text", ["[global]\nindex-url = https://c.example/simple\n",
+                                  "[install]\n  Index_URL: https://c.example/simple\n"])
+def test_pip_is_asked_when_a_config_file_may_set_index_url(tmp_path: Path, text: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pip.conf").write_text(text)
+    unreadable = tmp_path / "dir.conf"
+    unreadable.mkdir()
+    for files in ([tmp_path / "pip.conf"], [unreadable]):
+        monkeypatch.setattr(pipconfig, "pip_config_files", lambda env, f=files: [str(p) for p in f])
+        assert pipconfig.no_file_sets_index_url({}) is False
+    monkeypatch.setattr(pipconfig, "pip_config_files", lambda env: None)  # Windows: pip is asked
+    assert pipconfig.no_file_sets_index_url({}) is False
+
+
+def test_pip_config_files_follow_pips_documented_locations(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+           "XDG_CONFIG_DIRS": f"/opt/a{os.pathsep}/opt/b", "PIP_CONFIG_FILE": str(tmp_path / "env.conf")}
+    files = pipconfig.pip_config_files(env)
+    assert files is not None
+    assert files[0] == str(tmp_path / "env.conf")
+    assert {"/opt/a/pip/pip.conf", "/opt/b/pip/pip.conf", "/etc/pip.conf",
+            str(tmp_path / ".pip" / "pip.conf"), str(tmp_path / "xdg" / "pip" / "pip.conf"),
+            os.path.join(sys.prefix, "pip.conf")} <= set(files)
+    defaults = pipconfig.pip_config_files({"HOME": str(tmp_path)})
+    assert defaults is not None and "/etc/xdg/pip/pip.conf" in defaults
+    assert str(tmp_path / ".config" / "pip" / "pip.conf") in defaults

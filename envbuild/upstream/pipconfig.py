@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +46,12 @@ def _checked_index_url(url: str, origin: str) -> str:
 
 
 def pip_config_index_url(env: Mapping[str, str]) -> str | None:
-    """``index-url`` from pip's configuration files, as pip itself merges them; None if unknown."""
+    """``index-url`` from pip's configuration files, as pip itself merges them; None if unknown.
+
+    pip is asked (``pip config list``: a second Python importing pip, ~0.3 s of every ``lock``)
+    unless no file pip reads could set the key: see :func:`no_file_sets_index_url`."""
+    if no_file_sets_index_url(env):
+        return None
     command = [sys.executable, "-m", "pip", "config", "list"]
     try:
         done = subprocess.run(
@@ -62,6 +69,53 @@ def pip_config_index_url(env: Mapping[str, str]) -> str | None:
     values = parse_pip_config_list(done.stdout)
     # pip install reads the [install] section over [global]; do the same.
     return values.get("install.index-url") or values.get("global.index-url")
+
+
+def pip_config_files(env: Mapping[str, str]) -> list[str] | None:
+    """Every file pip's documentation says ``pip config`` reads on Linux and macOS, whether or
+    not it exists: PIP_CONFIG_FILE; global (``pip/pip.conf`` in each XDG_CONFIG_DIRS entry,
+    /etc/xdg by default, then /etc/pip.conf, and macOS's /Library/Application Support/pip);
+    user (~/.pip/pip.conf, $XDG_CONFIG_HOME/pip/pip.conf, macOS's ~/Library/Application
+    Support/pip); site (pip.conf in the environment's prefix). None on Windows, whose list is
+    not kept here (pip is asked there)."""
+    if os.name == "nt":
+        return None
+    home = env.get("HOME") or os.path.expanduser("~")
+    config_home = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    config_dirs = [d for d in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+    files = [env["PIP_CONFIG_FILE"]] if env.get("PIP_CONFIG_FILE") else []
+    files += [os.path.join(d, "pip", "pip.conf") for d in config_dirs]
+    files += ["/etc/pip.conf", "/Library/Application Support/pip/pip.conf",
+              os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf"),
+              os.path.join(home, "Library", "Application Support", "pip", "pip.conf"),
+              os.path.join(sys.prefix, "pip.conf")]
+    return files
+
+
+# An ``index-url`` key as an INI line starts it (``extra-index-url`` is another key).
+_INDEX_KEY = re.compile(rb"^[ \t]*index[-_]url[ \t]*[=:]", re.IGNORECASE | re.MULTILINE)
+CONFIG_FILE_LIMIT = 1024 * 1024
+
+
+def no_file_sets_index_url(env: Mapping[str, str]) -> bool:
+    """True when none of :func:`pip_config_files` that exists names an ``index-url`` key in
+    any spelling pip accepts (``index_url``, any case): then pip's configuration cannot set
+    one and pip need not be asked. False whenever unsure (a file unreadable or over 1 MiB,
+    PIP_CONFIG_FILE naming os.devnull is fine: it reads as empty)."""
+    files = pip_config_files(env)
+    if files is None:
+        return False
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(CONFIG_FILE_LIMIT + 1)
+        except FileNotFoundError:
+            continue
+        except OSError:  # unreadable (a directory, no permission): pip may see more than we do
+            return False
+        if len(data) > CONFIG_FILE_LIMIT or _INDEX_KEY.search(data):
+            return False
+    return True
 
 
 def parse_pip_config_list(text: str) -> dict[str, str]:
