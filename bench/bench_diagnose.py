@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -230,8 +231,10 @@ def end_to_end(rounds: int, steps: int, baseline: Path | None) -> None:
             print(f"   {what if label == 'bare' else '':24}{_stats(values)}"
                   f"{ratios if label != 'bare' else ''}   {label}")
     ratio = _median(runs["diagnosed"], "loop_s") / _median(runs["bare"], "loop_s")
+    paired = [d["loop_s"] / b["loop_s"] for d, b in zip(runs["diagnosed"], runs["bare"], strict=True)]
     print(f"   loop wall, ratio of medians {ratio:.3f}; target <= {TARGET}: "
           f"{_judge(ratio, [r['loop_s'] for r in runs['bare']])}")
+    print(f"   loop wall, paired (each diagnosed run / the bare run beside it): {_judge_paired(paired)}")
     for label, _ in arms[1:]:
         cpu = [r["sampler_cpu_s"] for r in runs[label]]
         per_s = statistics.median(r["sampler_cpu_s"] / r["wall_s"] for r in runs[label])
@@ -305,6 +308,34 @@ def _judge(ratio: float, bare: list[float]) -> str:
     if spread > TARGET - 1:
         return f"inconclusive (the bare runs alone spread {100 * spread:.0f}%)"
     return "met" if ratio <= TARGET else "NOT met"
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median: the order statistics x(k) and x(n+1-k) with
+    the largest k for which the binomial(n, 1/2) chance of fewer than k values below the median
+    is at most (1 - confidence) / 2. None when n is too small for any such k (n < 6 at 95%)."""
+    n, ordered = len(values), sorted(values)
+    tail, k, below = (1 - confidence) / 2, 0, 0.0
+    while k < n // 2:
+        below += math.comb(n, k) / 2 ** n  # P(fewer than k + 1 values below the median)
+        if below > tail:
+            break
+        k += 1
+    return (ordered[k - 1], ordered[n - k]) if k >= 1 else None
+
+
+def _judge_paired(ratios: list[float]) -> str:
+    """The verdict from the ratios of adjacent runs: met when the 95% interval of their median
+    lies at or under the target, NOT met when it lies above, inconclusive when it straddles it.
+    Pairing cancels what drifts slowly (the host's speed), which the spread of one side cannot."""
+    middle, interval = statistics.median(ratios), median_interval(ratios)
+    if interval is None:
+        return f"median {middle:.3f} of {len(ratios)} rounds: too few rounds for an interval (6 at least)"
+    low, high = interval
+    verdict = ("met" if high <= TARGET else "NOT met" if low > TARGET
+               else "inconclusive (the interval straddles the target: more rounds)")
+    return (f"median {middle:.3f}, 95% interval {low:.3f}-{high:.3f} over {len(ratios)} rounds "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target <= {TARGET}: {verdict}")
 
 
 def _median(runs: list[dict[str, float]], key: str) -> float:
