@@ -126,9 +126,12 @@ def test_render_builds_the_extension_in_a_stage_and_the_image_installs_only_its_
     out = tmp_path / "out"
     assert (out / "extensions" / "ext" / "add.cpp").read_text() == ADD_CPP
     assert "!extensions" in (out / ".dockerignore").read_text()
-    build, final = stages((out / "Dockerfile").read_text())
-    assert build.startswith(f"FROM {lock.base_image} AS envbuild-extensions\n")
-    assert final.startswith(f"FROM {lock.base_image}\n")
+    system, build, final = stages((out / "Dockerfile").read_text())
+    # The image's system packages once, in a stage both others start from.
+    assert system.startswith(f"FROM {lock.base_image} AS envbuild-system\n")
+    assert system.count("apt-get install") == 1 and "torch.txt" not in system
+    assert build.startswith("FROM envbuild-system AS envbuild-extensions\n")
+    assert final.startswith("FROM envbuild-system\n") and "apt-get" not in final
     # The same hash-pinned torch layer as the image's, then the compiler, then the wheel.
     for text in (build, final):
         assert "--require-hashes" in text and "-r /tmp/envbuild/torch.txt" in text

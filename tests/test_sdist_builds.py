@@ -236,7 +236,7 @@ def test_the_stage_builds_the_sdist_and_the_image_installs_only_its_wheel(
         f"mulext @ https://h.example/f/mulext-0.1.tar.gz --hash=sha256:{SDIST_SHA}\n"
     assert "mulext" not in (out / "requirements" / "torch.txt").read_text()
     assert not (out / "requirements" / "project.txt").exists()  # mulext was its one package
-    build, final = stages(dockerfile)
+    _system, build, final = stages(dockerfile)
     assert "COPY requirements/sdists.txt /tmp/envbuild-sdists.txt" in build
     assert ("pip download --no-cache-dir --no-deps --no-build-isolation --no-index --require-hashes "
             "\\\n    --dest /tmp/envbuild-sdists -r /tmp/envbuild-sdists.txt") in build
@@ -344,7 +344,7 @@ def test_render_hands_the_recorded_wheel_to_the_stage_and_says_so(
     (tmp_path / rec.FILE).write_text(rec.record_text(rec.merge({}, [key], {"mulext": (WHEEL, "a" * 64)})))
     dockerfile, err = render(path, tmp_path / "out", capsys)
     assert (tmp_path / "out" / "requirements" / "built.sha256").read_text() == f"{'a' * 64}  {WHEEL}\n"
-    build, _ = stages(dockerfile)
+    _system, build, _ = stages(dockerfile)
     assert "COPY requirements/built.sha256 /tmp/envbuild-built.sha256" in build
     assert "sha256sum --strict -c /tmp/envbuild-built.sha256" in build
     # The check comes after the build's own step, so a new record leaves that step cached.
