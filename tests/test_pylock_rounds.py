@@ -147,3 +147,40 @@ def test_lock_asks_the_registry_while_uv_resolves(tmp_path: Path, indexes: str, 
     (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text().replace(BASE, tagged))
     code, _, err = run(capsys, lock_env, "lock")
     assert code == 4 and "cannot reach the registry" in err and "no-such-package" not in err
+
+
+def test_the_installer_is_asked_of_uv_cache_first(tmp_path: Path, indexes: str,  # noqa: F811
+                                                  lock_env: dict[str, str],  # noqa: F811
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build's installer (uv==VERSION) is locked from uv's cache alone, beside the closure's
+    run; only a cache that cannot answer (the first lock here) makes the run online."""
+    import envbuild.pylock.uv as uv
+
+    log = tmp_path / "runs.jsonl"
+    wrapper = tmp_path / "uv"
+    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       f"with open({str(log)!r}, 'a') as f: "
+                       "f.write(json.dumps([os.path.basename(os.getcwd()), *sys.argv[1:]]) + '\\n')\n"
+                       f"os.execv({find_uv(None)!r}, [{find_uv(None)!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(uv, "find_uv", lambda explicit: str(wrapper))
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(project(work, indexes))
+    env = {**lock_env, "UV_CACHE_DIR": str(tmp_path / "uv-cache")}  # empty: the first lock fills it
+
+    def installer_runs() -> list[tuple[str, bool]]:
+        found = [(r[0], "--offline" in r) for r in runs(log) if r[0].startswith("installer")]
+        log.unlink()
+        return found
+
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    first = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]["pylock"]["installer"]
+    assert installer_runs() == [("installer-cached", True), ("installer", False)]
+    (work / "envbuild.lock").unlink()
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    assert installer_runs() == [("installer-cached", True)]  # no online run
+    assert json.loads((work / "envbuild.lock").read_text())["targets"]["default"]["pylock"]["installer"] == first

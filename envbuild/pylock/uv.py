@@ -22,9 +22,12 @@ sha256 (:mod:`envbuild.pylock.hashes`) is skipped: it was made when the cache wa
 A second, hash-free run of the pinned packages alone, constrained to the first result, names
 the torch layer: the packages the image installs before the user's. It answers from the
 cache the first run has just brought up to date (``--offline``), and asks the index only
-where that cache cannot answer. The installer's own lock runs beside that second run and the
-hash check (beside the first, two uv runs reading the index at once stalled one by ~5 s in half
-the locks measured); the index pages of the names known in advance are fetched meanwhile.
+where that cache cannot answer. The installer's own lock (``uv==VERSION``, an exact version
+whose files do not change) is asked of uv's cache alone beside the first run; where the cache
+cannot answer it runs online beside that second run and the hash check (beside the first, two
+uv runs reading the index at once stalled one by ~5 s in half the locks measured). Either way
+its sha256 is checked against the index; the index pages of the names known in advance are
+fetched meanwhile.
 
 Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
 naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
@@ -42,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -268,10 +271,14 @@ def compile_closure(spec: ClosureSpec) -> Closure:
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
         if pages is not None:
             pages.prefetch(_known_names(spec))
+        # The installer's small lock first asks uv's cache alone, beside the closure's run (a
+        # run that reads no index cannot stall the other); a cache that cannot answer, and an
+        # offline lock, make it after the closure's run, beside the checks below: two uv runs
+        # reading the index at once stalled one of them by ~5 s in 6 of 12 locks here.
+        cached = None if spec.installer is None or spec.offline else \
+            side.submit(_installer_run, run, work / "installer-cached", offline=True)
         text = _closure_run(run, work)
-        # The installer's small lock runs after the closure's run, beside the checks below: two
-        # uv runs reading the index at once stalled one of them by ~5 s in 6 of 12 locks here.
-        installer = None if spec.installer is None else side.submit(_installer, run, work, pages)
+        installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         pylock = read_pylock(text)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
@@ -318,25 +325,33 @@ def _closure_run(run: _Uv, work: Path) -> str:
     return (work / OUTPUT).read_text(encoding="utf-8")
 
 
-def _installer(run: _Uv, work: Path, pages: IndexPages | None) -> InstallerWheel:
+def _installer(run: _Uv, work: Path, pages: IndexPages | None,
+               cached: Future[str] | None = None) -> InstallerWheel:
     """uv at ``spec.installer`` from the default index: its wheel for the closure's platform,
-    the sha256 checked against the index like every file of the closure."""
+    the sha256 checked against the index like every file of the closure. ``cached``: the same
+    run made from uv's cache alone; where it could not answer, the run is made online. The
+    version is exact and an index's file does not change, so the cache's answer is the index's,
+    and the check below still holds it to the index's sha256."""
     spec, default_index = run.spec, run.default_index
     assert spec.installer is not None
-    tool = work / "installer"
-    tool.mkdir()
-    (tool / "pyproject.toml").write_text(
-        f'[project]\nname = "envbuild-installer"\nversion = "0"\n'
-        f'dependencies = [{_toml_string("uv==" + spec.installer)}]\n', encoding="utf-8")
-    try:
-        run.run(run.command(OUTPUT, hashes=True, spec=replace(spec, find_links=())), tool)
-    except TooSlow:
-        raise
-    except (DataError, NoCompatibleStack):
-        raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on {redact(default_index)} "
-                        f"for {platform_tag(spec.glibc)}",
-                        hint="make uv available on that index, or lock with --installer pip") from None
-    pylock = read_pylock((tool / OUTPUT).read_text(encoding="utf-8"))
+    text = None
+    if cached is not None:
+        try:
+            text = cached.result()
+        except TooSlow:
+            raise
+        except EnvbuildError:
+            text = None
+    if text is None:
+        try:
+            text = _installer_run(run, work / "installer")
+        except TooSlow:
+            raise
+        except (DataError, NoCompatibleStack):
+            raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on "
+                            f"{redact(default_index)} for {platform_tag(spec.glibc)}",
+                            hint="make uv available on that index, or lock with --installer pip") from None
+    pylock = read_pylock(text)
     if pages is not None:  # the pages' index for "uv" is the default index: it is no pin
         pages.check(pylock)
     line = install_requirements(pylock, ["uv"], python=spec.python, glibc=spec.glibc).strip()
@@ -345,6 +360,21 @@ def _installer(run: _Uv, work: Path, pages: IndexPages | None) -> InstallerWheel
         raise DataError(f"the index's uv {spec.installer} is not one remote wheel with a sha256 "
                         f"({line[:120]})", hint="lock with --installer pip")
     return InstallerWheel(name="uv", version=spec.installer, url=match.group(1), sha256=match.group(2))
+
+
+def _installer_run(run: _Uv, tool: Path, *, offline: bool = False) -> str:
+    """The pylock text of uv's run locking ``uv==spec.installer`` alone (in ``tool``)."""
+    spec = run.spec
+    assert spec.installer is not None
+    tool.mkdir()
+    (tool / "pyproject.toml").write_text(
+        f'[project]\nname = "envbuild-installer"\nversion = "0"\n'
+        f'dependencies = [{_toml_string("uv==" + spec.installer)}]\n', encoding="utf-8")
+    command = run.command(OUTPUT, hashes=True, spec=replace(spec, find_links=()))
+    if offline and "--offline" not in command:
+        command.append("--offline")
+    run.run(command, tool)
+    return (tool / OUTPUT).read_text(encoding="utf-8")
 
 
 def platform_tag(glibc: str) -> str:
