@@ -174,6 +174,8 @@ def in_process(rounds: int) -> None:
               f"{1e3 * step:.3f} ms bare, {1e3 * statistics.median(per_step[True]):.3f} ms with the "
               f"hooks; ratio of medians {ratio:.3f}, of minima "
               f"{min(per_step[True]) / min(per_step[False]):.3f}: {_judge(ratio, per_step[False])}")
+        paired = [on / off for on, off in zip(per_step[True], per_step[False], strict=True)]
+        print(f"   paired (each round's hooked half / its bare half): {_judge_paired(paired)}")
         handles = hooks_on()
         hooked = _hook_cost(recorder)
         hooks_off(handles)

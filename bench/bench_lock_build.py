@@ -1,5 +1,5 @@
-"""A locked CUDA environment: cold build against downloading the same wheels alone, and the
-rebuild after adding one dependency.
+"""A locked CUDA environment: cold build against installing the same lock alone, per builder, and
+the rebuild after adding one dependency.
 
 One run, side by side, on a sample project (torch's package-index wheel, its CUDA libraries as
 nvidia-* wheels, plus a few small dependencies), locked with ``envbuild lock``:
@@ -7,18 +7,25 @@ nvidia-* wheels, plus a few small dependencies), locked with ``envbuild lock``:
   lock            seconds for ``envbuild lock`` (uv, the registry digest), cold uv cache
   download alone  seconds to fetch every wheel the build installs, with nothing else: the
                   same URLs one after another (as pip fetches), and 8 at a time (as uv does)
-  cold build      seconds for ``envbuild build --no-cache`` of that lock, once per installer
-                  the lock can name (uv, the default, and pip), side by side
+  cold build      seconds for ``envbuild build --no-cache`` of that lock, per builder
+                  (--builders) and installer (--installers), with each step's seconds
   install alone   seconds for uv to fetch and install the same files into a directory on this
-                  machine (cold cache, bytecode): no container, no layer, the floor of any build
-  ratio           cold build / download alone (the faster of the two)           target <= 1.3
+                  machine (cold cache, bytecode): no container, no layer, the floor of any build;
+                  run before each cold build and after the last (interleaved), the median taken
+  ratio           cold build / install alone                                    target <= 1.3
   rebuild         seconds to re-lock and rebuild after adding one dependency (after one plain
                   build of the first lock), and whether the torch layer came from the cache
 
+``--mirror`` fetches the lock's wheels once through the configured index, serves them from
+127.0.0.1 over plain HTTP and locks against that: both sides then read the same bytes at loopback
+speed, with no proxy and no CA bundle (so the classic builder builds one stage; ``classic+ca``
+adds ``--ca-bundle`` to measure its two-stage recipe on the same source).
+
 The base image is the local Debian one (scripts/base-image.sh), pushed to a docker-registry
 started on 127.0.0.1 so that ``lock`` pins it by digest as it would any base. Needs dockerd,
-docker-registry, the configured package index and a few GB of disk. Usage:
-  python bench/bench_lock_build.py [--torch ==2.13.0] [--variant default]
+docker-registry, the configured package index, buildah for ``--builders buildah``, and about
+20 GB of disk with buildah (its storage, its copy into dockerd). Usage:
+  python bench/bench_lock_build.py [--mirror] [--builders classic,classic+ca,buildah] [--cold N]
 """
 
 from __future__ import annotations
@@ -102,13 +109,58 @@ def push_base(registry: str) -> str:
     return target
 
 
-def project(directory: Path, base: str, torch: str, variant: str, deps: list[str]) -> None:
+def project(directory: Path, base: str, torch: str, variant: str, deps: list[str],
+            mirror: str | None = None) -> None:
+    """The sample project; with ``mirror`` (http://127.0.0.1:PORT), every wheel from its pages."""
     quoted = ", ".join(json.dumps(d) for d in deps)
+    indexes = (f"index-url = {json.dumps(mirror + '/simple')}\n"
+               f"torch-index-url = {json.dumps(mirror + '/torch/simple')}\n") if mirror else ""
     (directory / "pyproject.toml").write_text(
         f'[project]\nname = "bench"\nversion = "0"\nrequires-python = ">=3.11"\n'
         f"dependencies = [{quoted}]\n\n[tool.envbuild]\ntorch = {json.dumps(torch)}\n"
         f'variant = {json.dumps(variant)}\npython = "3.11"\ncompanions = false\n'
-        f"base-image = {json.dumps(base)}\n")
+        f"base-image = {json.dumps(base)}\n{indexes}")
+
+
+def fill_mirror(work: Path, root: Path) -> None:
+    """Every wheel the lock in ``work`` installs (and its uv wheel) into root/files, fetched once
+    through the configured index, with PEP 503 pages for them (bench_rebuild_cache's)."""
+    import ssl
+    import urllib.parse
+
+    from bench_rebuild_cache import index_pages
+
+    locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
+    context = work / "ctx"
+    urls = [line.split(" @ ", 1)[1].split(" ", 1)[0]
+            for name in ("torch.txt", "project.txt") if (context / "requirements" / name).is_file()
+            for line in (context / "requirements" / name).read_text().splitlines() if " @ " in line]
+    urls.append(locked["pylock"]["installer"]["url"])
+    cert = os.environ.get("PIP_CERT")
+    tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    (root / "files").mkdir()
+    for url in urls:
+        name = urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
+        with opener.open(url, timeout=600) as answer, open(root / "files" / name, "wb") as out:
+            shutil.copyfileobj(answer, out, 1 << 20)
+    index_pages(root)
+
+
+def serve_mirror(root: Path) -> tuple[Any, str]:
+    """root's files over plain HTTP on 127.0.0.1, streamed (the wheels are GBs): no proxy and no
+    CA bundle on either side, so both read the same bytes at loopback speed."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
@@ -161,14 +213,15 @@ def install_alone(context: Path, python: str, platform: str) -> float:
 STEP = re.compile(r"^\[([0-9]+)/([0-9]+)\] (.*)$")
 
 
-def build(directory: Path, tag: str, *extra: str) -> tuple[float, dict[str, Any], list[tuple[str, float]]]:
+def build(directory: Path, tag: str, *extra: str,
+          ca_bundle: bool = True) -> tuple[float, dict[str, Any], list[tuple[str, float]]]:
     """Seconds, the build's report and its steps, each with the seconds from its start to the
     next step's (the classic builder commits a step's layer before it starts the next one, so
     a RUN step's figure includes its layer's commit; the last step's, whatever the build does
     after it: buildah's copy of the image into dockerd), from envbuild's progress lines."""
     args = ["build", "--lock", "envbuild.lock", "--network", "host", "--tag", tag, "--report", "report.json",
             *extra]
-    if os.environ.get("PIP_CERT"):
+    if ca_bundle and os.environ.get("PIP_CERT"):
         args += ["--ca-bundle", os.environ["PIP_CERT"]]
     starts: list[tuple[str, float]] = []
     tail: list[str] = []
@@ -224,23 +277,36 @@ def kinds(steps: list[tuple[str, float]]) -> dict[str, float]:
     return found
 
 
+BUILDERS = ("auto", "classic", "classic+ca", "buildah", "buildx")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", default="==2.13.0")
     parser.add_argument("--variant", default="default")
     parser.add_argument("--installers", default="uv", help="comma-separated, built in this order")
-    parser.add_argument("--cold", type=int, default=2, help="cold builds per installer (default 2)")
+    parser.add_argument("--cold", type=int, default=2,
+                        help="cold builds per installer and builder (default 2)")
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild after one dependency")
-    parser.add_argument("--builder", default="auto", choices=("auto", "classic", "buildah", "buildx"),
-                        help="envbuild build --builder (auto: buildx, else the classic builder)")
+    parser.add_argument("--builders", default="auto",
+                        help=f"comma-separated, of {', '.join(BUILDERS)} (auto: buildx, else the classic "
+                             "builder; classic+ca: the classic builder given --ca-bundle $PIP_CERT, its "
+                             "two-stage recipe, which every build here gets without --mirror)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="serve the locked wheels from 127.0.0.1 over plain HTTP and lock against that: "
+                             "no proxy and no CA bundle on either side (classic: one stage)")
     args = parser.parse_args()
+    builders = args.builders.split(",")
+    if unknown := sorted(set(builders) - set(BUILDERS)):
+        parser.error(f"unknown builder {', '.join(unknown)}")
     share_the_engine()
     installers = args.installers.split(",")
-    names = [f"{i}-{n}" for i in installers for n in range(1, args.cold + 1)]
-    tags = [f"envbuild-bench/locked:{t}" for t in (*names, "primed", "added")]
+    names = [f"{b}-{i}-{n}" for b in builders for i in installers for n in range(1, args.cold + 1)]
+    tags = [f"envbuild-bench/locked:{t.replace('+', '-')}" for t in (*names, "primed", "added")]
     cold: dict[str, tuple[float, dict[str, Any], list[tuple[str, float]]]] = {}
     installs: list[float] = []
     loads = [os.getloadavg()[0]]
+    mirror = None
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockbuild-") as scratch:
         root = Path(scratch)
         registry, address = start_registry(root)
@@ -252,26 +318,40 @@ def main() -> int:
             cache = root / "uv-cache"
             os.environ["UV_CACHE_DIR"] = str(cache)
             lock_s, _ = envbuild("lock", cwd=work)
-            locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
             envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
+            if args.mirror:
+                fill_mirror(work, root / "mirror")
+                _server, mirror = serve_mirror(root / "mirror")  # a daemon thread: ends with the bench
+                project(work, base, args.torch, args.variant, DEPENDENCIES, mirror)
+                envbuild("lock", cwd=work)
+                shutil.rmtree(work / "ctx")
+                envbuild("render", "docker", "--lock", "envbuild.lock", "-o", "ctx", cwd=work)
+                text = (work / "ctx" / "requirements" / "torch.txt").read_text()
+                assert mirror in text and "https://" not in text, "the lock must point at the mirror"
+            locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
             serial_s, files, size = download_alone(work / "ctx")
             parallel_s, _, _ = download_alone(work / "ctx", workers=8)
             python, platform = locked["stack"]["python"], locked["pylock"]["platform"]
             # Interleaved: install alone before each cold build and once after the last, so that
             # the load of other work falls on both sides alike.
             for name in names:
+                builder, installer, _ = name.split("-")
                 installs.append(install_alone(work / "ctx", python, platform))
                 loads.append(os.getloadavg()[0])
-                envbuild("lock", "--installer", name.split("-")[0], cwd=work)
-                cold[name] = build(work, f"envbuild-bench/locked:{name}", "--no-cache",
-                                   "--builder", args.builder)
+                envbuild("lock", "--installer", installer, cwd=work)
+                tag = f"envbuild-bench/locked:{name.replace('+', '-')}"
+                with_ca = not args.mirror or builder == "classic+ca"
+                cold[name] = build(work, tag, "--no-cache", "--builder", builder.split("+")[0],
+                                   ca_bundle=with_ca)
                 # Each image is several GB and only its figures are needed: removed at once.
-                subprocess.run(["docker", "rmi", "-f", f"envbuild-bench/locked:{name}"], capture_output=True,
-                               check=False)
+                subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+                if builder == "buildah":
+                    subprocess.run(["buildah", "rmi", "-f", tag], capture_output=True, check=False)
                 loads.append(os.getloadavg()[0])
             installs.append(install_alone(work / "ctx", python, platform))
             loads.append(os.getloadavg()[0])
-            rebuild = None if args.no_rebuild else rebuilt(args, work, base, installers[0])
+            rebuild = None if args.no_rebuild else rebuilt(args, work, base, installers[0], builders[0],
+                                                           mirror)
         finally:
             # the base's tag for the registry, which is gone with it
             subprocess.run(["docker", "rmi", f"{address}/envbuild/bookworm:base"], capture_output=True,
@@ -280,14 +360,16 @@ def main() -> int:
             registry.wait(10)
             # Each image is several GB: leave none of them behind.
             subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
-            if args.builder == "buildah":
-                subprocess.run(["buildah", "rmi", *tags], capture_output=True, check=False)
+            if "buildah" in builders:
+                subprocess.run(["buildah", "rmi", "-f", *tags], capture_output=True, check=False)
     install_s = statistics.median(installs)
     print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
           f"{locked['stack']['python']}: {len(locked['packages'])} distributions, "
           f"{len(locked['pylock']['torch_layer'])} in the torch layer")
-    print(f"builder         {next(iter(cold.values()))[1].get('backend', args.builder)}"
-          f"{' with --ca-bundle' if os.environ.get('PIP_CERT') else ''}")
+    source = ("a mirror on 127.0.0.1 (plain HTTP; no CA bundle unless classic+ca)" if mirror else
+              "the configured index"
+              + (" (every build with --ca-bundle)" if os.environ.get("PIP_CERT") else ""))
+    print(f"wheels from     {source}")
     print(f"load average    {min(loads):.2f} to {max(loads):.2f} (1 min) during the builds, "
           f"{os.cpu_count()} cores")
     print(f"lock            {lock_s:7.1f} s (cold uv cache, registry digest included)")
@@ -300,8 +382,9 @@ def main() -> int:
         split = kinds(steps)
         own = seconds - sum(split[k] for k in NOT_INSTALLING)
         verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
-        print(f"cold build {name:<4} {seconds:7.1f} s (--no-cache; image {report['size'] / 1e9:.2f} GB)  "
-              f"ratio {ratio:.2f}x to install alone (target <= {TARGET_RATIO}): {verdict}")
+        print(f"cold build {name:<18} {seconds:7.1f} s ({report.get('backend', '?')}, --no-cache; image "
+              f"{report['size'] / 1e9:.2f} GB)  ratio {ratio:.2f}x to install alone (target <= "
+              f"{TARGET_RATIO}): {verdict}")
         for kind, spent in split.items():
             print(f"    {spent:7.1f} s  {kind}")
         print(f"    without the system packages and the scaffolding: {own:.1f} s, {own / install_s:.2f}x; "
@@ -312,24 +395,27 @@ def main() -> int:
     if rebuild is not None:
         relock_s, rebuild_s, reused = rebuild
         print(f"rebuild         {relock_s + rebuild_s:7.1f} s after adding {ADDED} (lock {relock_s:.1f} s "
-              f"+ build {rebuild_s:.1f} s, {installers[0]}); torch layer from cache: "
+              f"+ build {rebuild_s:.1f} s, {installers[0]}, {builders[0]}); torch layer from cache: "
               f"{'yes' if reused else 'NO'}")
     print("build stages    left dangling by the classic builder: remove with 'docker image prune' "
           "when no other build runs")
     return 0 if rebuild is None or rebuild[2] else 1
 
 
-def rebuilt(args: argparse.Namespace, work: Path, base: str, installer: str) -> tuple[float, float, bool]:
+def rebuilt(args: argparse.Namespace, work: Path, base: str, installer: str, builder: str,
+            mirror: str | None) -> tuple[float, float, bool]:
     """(lock seconds, build seconds, whether the torch layer came from the cache) of the
     rebuild after adding one dependency."""
     envbuild("lock", "--installer", installer, cwd=work)
+    with_ca = mirror is None or builder == "classic+ca"
+    builder = builder.split("+")[0]
     # The classic builder keeps one cache chain per build; after a --no-cache build it may
     # probe an older chain and miss. One plain build of the same lock makes this one the
     # chain the rebuild finds (untimed: it is what a team's previous build would be).
-    build(work, "envbuild-bench/locked:primed", "--builder", args.builder)
-    project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED])
+    build(work, "envbuild-bench/locked:primed", "--builder", builder, ca_bundle=with_ca)
+    project(work, base, args.torch, args.variant, [*DEPENDENCIES, ADDED], mirror)
     relock_s, _ = envbuild("lock", "--installer", installer, cwd=work)
-    rebuild_s, again, _ = build(work, "envbuild-bench/locked:added", "--builder", args.builder)
+    rebuild_s, again, _ = build(work, "envbuild-bench/locked:added", "--builder", builder, ca_bundle=with_ca)
     ran = " ".join(again["ran"])
     return relock_s, rebuild_s, "torch.txt" not in ran and "project.txt" in ran
 
