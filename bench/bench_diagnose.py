@@ -237,6 +237,9 @@ def end_to_end(rounds: int, steps: int, baseline: Path | None) -> None:
     print(f"   loop wall, ratio of medians {ratio:.3f}; target <= {TARGET}: "
           f"{_judge(ratio, [r['loop_s'] for r in runs['bare']])}")
     print(f"   loop wall, paired (each diagnosed run / the bare run beside it): {_judge_paired(paired)}")
+    whole = [d["wall_s"] / b["wall_s"] for d, b in zip(runs["diagnosed"], runs["bare"], strict=True)]
+    print(f"   process wall, paired (the command: envbuild's start-up and report too, the interpreter's "
+          f"start and `import torch` in both): {_judge_paired(whole)}")
     for label, _ in arms[1:]:
         cpu = [r["sampler_cpu_s"] for r in runs[label]]
         per_s = statistics.median(r["sampler_cpu_s"] / r["wall_s"] for r in runs[label])

@@ -113,8 +113,9 @@ def project(directory: Path, base: str, torch: str, variant: str, deps: list[str
             mirror: str | None = None) -> None:
     """The sample project; with ``mirror`` (http://127.0.0.1:PORT), every wheel from its pages."""
     quoted = ", ".join(json.dumps(d) for d in deps)
-    indexes = (f"index-url = {json.dumps(mirror + '/simple')}\n"
-               f"torch-index-url = {json.dumps(mirror + '/torch/simple')}\n") if mirror else ""
+    # torch too from the default index, as the "default" variant has it (a torch index is for
+    # the variants whose wheels carry a local version, +cu130)
+    indexes = f"index-url = {json.dumps(mirror + '/simple')}\n" if mirror else ""
     (directory / "pyproject.toml").write_text(
         f'[project]\nname = "bench"\nversion = "0"\nrequires-python = ">=3.11"\n'
         f"dependencies = [{quoted}]\n\n[tool.envbuild]\ntorch = {json.dumps(torch)}\n"
@@ -139,12 +140,13 @@ def fill_mirror(work: Path, root: Path) -> None:
     cert = os.environ.get("PIP_CERT")
     tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
     opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
-    (root / "files").mkdir()
+    (root / "files").mkdir(parents=True)
     for url in urls:
         name = urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
         with opener.open(url, timeout=600) as answer, open(root / "files" / name, "wb") as out:
             shutil.copyfileobj(answer, out, 1 << 20)
     index_pages(root)
+    shutil.copytree(root / "torch" / "simple" / "torch", root / "simple" / "torch")  # one index for all
 
 
 def serve_mirror(root: Path) -> tuple[Any, str]:
