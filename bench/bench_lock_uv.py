@@ -15,6 +15,8 @@ a fresh output each run (no previous lock to keep pins from):
 
 The runs are interleaved (ABBA…) so that the load of other work on the machine falls on both
 sides alike; the medians of the wall-clock seconds and their ratio are printed (target <= 1.5),
+with the median of each round's ratio and its distribution-free 95% interval (the verdict that a
+drifting machine moves least),
 and the CPU seconds (user + system, the command and its children) beside them, which the
 other work on the machine moves less. ``--also DIR`` times a
 second envbuild tree (e.g. an older commit, from ``git archive``) in the same rounds.
@@ -44,6 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from envbuild.pylock.uv import ClosureSpec, find_uv, platform_tag, project_text, uv_environment  # noqa: E402
 from envbuild.upstream.pipconfig import index_url  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_diagnose import median_interval  # noqa: E402
 
 DEPENDENCIES = ("requests", "pandas", "scipy", "scikit-learn", "matplotlib", "aiohttp", "fastapi",
                 "uvicorn", "pydantic", "sqlalchemy", "transformers", "accelerate", "rich", "typer",
@@ -182,6 +187,17 @@ def measure(args: argparse.Namespace, root: Path, base: str, index: str, extra: 
     verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
     print(f"ratio           envbuild / uv alone {ratio:.2f}x wall (target <= {TARGET_RATIO}): {verdict}; "
           f"{cpu['envbuild'] / cpu['uv alone']:.2f}x CPU")
+    paired = [e / u for (e, _), (u, _) in zip(times["envbuild"], times["uv alone"], strict=True)]
+    middle, interval = statistics.median(paired), median_interval(paired)
+    if interval is None:
+        print(f"paired          median {middle:.2f}x over {len(paired)} rounds: too few for an interval "
+              "(6 at least)")
+    else:
+        low, high = interval
+        judged = ("met" if high <= TARGET_RATIO else "MISSED" if low > TARGET_RATIO
+                  else "inconclusive (the interval straddles the target: more rounds)")
+        print(f"paired          each round's envbuild / its uv alone: median {middle:.2f}x, 95% interval "
+              f"{low:.2f}-{high:.2f}x over {len(paired)} rounds (target <= {TARGET_RATIO}): {judged}")
     if "also" in medians:
         print(f"ratio (--also)  {medians['also'] / medians['uv alone']:.2f}x wall, "
               f"{cpu['also'] / cpu['uv alone']:.2f}x CPU")
