@@ -183,4 +183,5 @@ def test_the_installer_is_asked_of_uv_cache_first(tmp_path: Path, indexes: str, 
     code, _, err = run(capsys, env, "lock")
     assert code == 0, err
     assert installer_runs() == [("installer-cached", True)]  # no online run
-    assert json.loads((work / "envbuild.lock").read_text())["targets"]["default"]["pylock"]["installer"] == first
+    again = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]["pylock"]["installer"]
+    assert again == first
