@@ -233,10 +233,10 @@ def end_to_end(rounds: int, steps: int, baseline: Path | None) -> None:
             print(f"   {what if label == 'bare' else '':24}{_stats(values)}"
                   f"{ratios if label != 'bare' else ''}   {label}")
     ratio = _median(runs["diagnosed"], "loop_s") / _median(runs["bare"], "loop_s")
-    paired = [d["loop_s"] / b["loop_s"] for d, b in zip(runs["diagnosed"], runs["bare"], strict=True)]
+    looped = [d["loop_s"] / b["loop_s"] for d, b in zip(runs["diagnosed"], runs["bare"], strict=True)]
     print(f"   loop wall, ratio of medians {ratio:.3f}; target <= {TARGET}: "
           f"{_judge(ratio, [r['loop_s'] for r in runs['bare']])}")
-    print(f"   loop wall, paired (each diagnosed run / the bare run beside it): {_judge_paired(paired)}")
+    print(f"   loop wall, paired (each diagnosed run / the bare run beside it): {_judge_paired(looped)}")
     whole = [d["wall_s"] / b["wall_s"] for d, b in zip(runs["diagnosed"], runs["bare"], strict=True)]
     print(f"   process wall, paired (the command: envbuild's start-up and report too, the interpreter's "
           f"start and `import torch` in both): {_judge_paired(whole)}")
