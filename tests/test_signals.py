@@ -42,9 +42,12 @@ def test_a_signal_during_a_write_removes_the_temporary_tree(
     work = tmp_path / "work"
     work.mkdir()
     ready, out = tmp_path / "ready", work / "out"
+    # The signal's default disposition in the child: a suite started under nohup hands its
+    # children SIGHUP ignored, which envbuild (rightly) keeps, and the SIGHUP case would hang.
     proc = subprocess.Popen([sys.executable, "-c", SLOW_RENDER, str(ready), str(out)], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert proc.poll() is None, proc.communicate()
