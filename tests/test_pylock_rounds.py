@@ -14,6 +14,7 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_lock_command import BASE, indexes, project, run  # noqa: F401  (fixtures)
@@ -113,20 +114,24 @@ def test_lock_asks_the_registry_while_uv_resolves(tmp_path: Path, indexes: str, 
                                                   lock_env: dict[str, str],  # noqa: F811
                                                   capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The base image's digest is asked for beside uv's run (the closure needs no digest): the
-    registry here answers only once uv has started, which a lock asking it first never sees."""
+    """The base image's digest is asked for beside uv's run (the closure needs no digest), once
+    that run has started: the registry here answers only after uv's process is running (the
+    callback ``compile_closure`` makes after the spawn), which a lock asking it first never sees."""
     import envbuild.pylock.uv as uv
     import envbuild.registry.digest as digest
 
-    started = threading.Event()
+    running = threading.Event()
     real = uv.compile_closure
 
-    def closure(spec: ClosureSpec) -> Closure:
-        started.set()
-        return real(spec)
+    def closure(spec: ClosureSpec, *, started: Any = None) -> Closure:
+        def spawned() -> None:
+            running.set()
+            if started is not None:
+                started()
+        return real(spec, started=spawned)
 
     def image_digest(reference: str, **_: object) -> str:
-        if not started.wait(20):
+        if not running.wait(20):
             raise DataError(f"asked for {reference} before uv ran")
         return "sha256:" + "b" * 64
 

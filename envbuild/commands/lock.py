@@ -273,10 +273,11 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             steps.step(f"stack torch {s.torch} ({s.variant}), Python {s.python}; pinning the base image "
                        f"{lock.base_image.split('@', 1)[0]}")
             steps.warn(duplicate_cuda(lock))
-            based = _pinning(args, env, project, lock, steps)
+            start, based = _pinning(args, env, project, lock, steps)
             old = previous.targets.get(plan.name) if previous is not None else None
             try:
-                closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index)
+                closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index,
+                                started=start)
             except Exception:
                 based()  # the registry's error first, as when the base was pinned before uv ran
                 raise
@@ -294,19 +295,33 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
 
 
 def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
-             steps: Steps) -> Callable[[], Lock]:
-    """The lock with its base pinned, to be had when the closure is resolved: the registry is
-    asked on a thread while uv resolves (the closure needs no digest); without a registry to
-    ask, at once."""
+             steps: Steps) -> tuple[Callable[[], None], Callable[[], Lock]]:
+    """(start, result): the lock with its base pinned, to be had when the closure is resolved.
+    The registry is asked on a thread that ``start`` begins once uv's closure run has started
+    (the closure needs no digest, and the registry client's imports, begun earlier, shared the
+    interpreter lock with the preparation of that run); ``result`` starts it if nothing did.
+    Without a registry to ask, pinned at once."""
     if lock.base_digest is not None or args.offline or args.no_registry:
         pinned = _pin_base(args, env, project, lock, steps)
-        return lambda: pinned
-    from concurrent.futures import ThreadPoolExecutor
+        return (lambda: None), (lambda: pinned)
+    import threading
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(_pin_base, args, env, project, lock, steps)
-    pool.shutdown(wait=False)
-    return future.result
+    begun: list[Future[Lock]] = []
+    guard = threading.Lock()
+
+    def start() -> None:
+        with guard:
+            if not begun:
+                pool = ThreadPoolExecutor(max_workers=1)
+                begun.append(pool.submit(_pin_base, args, env, project, lock, steps))
+                pool.shutdown(wait=False)
+
+    def result() -> Lock:
+        start()
+        return begun[0].result()
+
+    return start, result
 
 
 def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
@@ -330,8 +345,9 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps,
-           index: Callable[[], str]) -> Lock:
-    """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution."""
+           index: Callable[[], str], *, started: Callable[[], None] | None = None) -> Lock:
+    """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
+    ``started``: called once uv's closure run has started."""
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
@@ -344,7 +360,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    offline=args.offline, installer=_installer_version(args, project, old))
     steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
-    closure = compile_closure(spec)
+    closure = compile_closure(spec, started=started)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),

@@ -239,8 +239,8 @@ class _Uv:
     env: dict[str, str]
     deadline: float
 
-    def run(self, command: list[str], cwd: Path) -> None:
-        _run(command, cwd, self.env, self.deadline, self.spec)
+    def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> None:
+        _run(command, cwd, self.env, self.deadline, self.spec, started)
 
     def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None) -> list[str]:
         return _command(self.uv, spec or self.spec, self.default_index, output, hashes=hashes)
@@ -249,8 +249,9 @@ class _Uv:
         return max(self.deadline - time.monotonic(), 1.0)
 
 
-def compile_closure(spec: ClosureSpec) -> Closure:
-    """Resolve the closure of ``spec`` with uv; see the module's docstring.
+def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = None) -> Closure:
+    """Resolve the closure of ``spec`` with uv; see the module's docstring. ``started`` is called
+    once uv's closure run has started (``lock`` asks the registry then).
 
     What does not need the closure starts with it (the index pages of every name known in
     advance); the installer's own small lock starts when the closure's run ends."""
@@ -277,7 +278,7 @@ def compile_closure(spec: ClosureSpec) -> Closure:
         # reading the index at once stalled one of them by ~5 s in 6 of 12 locks here.
         cached = None if spec.installer is None or spec.offline else \
             side.submit(_installer_run, run, work / "installer-cached", offline=True)
-        text = _closure_run(run, work)
+        text = _closure_run(run, work, started)
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         pylock = read_pylock(text)
         if pages is not None:
@@ -311,7 +312,7 @@ def _known_names(spec: ClosureSpec) -> list[str]:
     return names
 
 
-def _closure_run(run: _Uv, work: Path) -> str:
+def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None) -> str:
     """uv's locking run of the whole closure, with hashes: the pylock's text."""
     spec = run.spec
     if spec.previous is not None:
@@ -321,7 +322,7 @@ def _closure_run(run: _Uv, work: Path) -> str:
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
         command += ["--upgrade-package", name]
-    run.run(command, work)
+    run.run(command, work, started)
     return (work / OUTPUT).read_text(encoding="utf-8")
 
 
@@ -428,20 +429,32 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
     return names
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec) -> None:
+def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
+         started: Callable[[], None] | None = None) -> None:
+    """One uv run within the deadline; ``started`` is called once uv is running."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise _too_slow(spec)
     try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=left, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise _too_slow(spec) from exc
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
     except OSError as exc:
         raise UsageError(f"cannot run uv ({command[0]}): {exc.strerror or exc}",
                          hint="pip install uv") from exc
-    if done.returncode != 0:
-        raise uv_failure(done.stderr, spec)
+    with process:
+        try:
+            if started is not None:
+                started()
+            _, stderr = process.communicate(timeout=left)
+        except subprocess.TimeoutExpired as exc:
+            process.kill()
+            process.communicate()
+            raise _too_slow(spec) from exc
+        except BaseException:  # Ctrl-C, SIGTERM: uv goes too, as subprocess.run would see to
+            process.kill()
+            raise
+    if process.returncode != 0:
+        raise uv_failure(stderr, spec)
 
 
 class TooSlow(DataError):
