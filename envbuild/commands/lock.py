@@ -304,18 +304,15 @@ def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project 
     if lock.base_digest is not None or args.offline or args.no_registry:
         pinned = _pin_base(args, env, project, lock, steps)
         return (lambda: None), (lambda: pinned)
-    import threading
     from concurrent.futures import Future, ThreadPoolExecutor
 
     begun: list[Future[Lock]] = []
-    guard = threading.Lock()
 
-    def start() -> None:
-        with guard:
-            if not begun:
-                pool = ThreadPoolExecutor(max_workers=1)
-                begun.append(pool.submit(_pin_base, args, env, project, lock, steps))
-                pool.shutdown(wait=False)
+    def start() -> None:  # on the main thread, as result is: no lock needed
+        if not begun:
+            pool = ThreadPoolExecutor(max_workers=1)
+            begun.append(pool.submit(_pin_base, args, env, project, lock, steps))
+            pool.shutdown(wait=False)
 
     def result() -> Lock:
         start()

@@ -342,7 +342,7 @@ def _installer(run: _Uv, work: Path, pages: IndexPages | None,
         except TooSlow:
             raise
         except EnvbuildError:
-            text = None
+            pass  # the cache could not answer: asked online below
     if text is None:
         try:
             text = _installer_run(run, work / "installer")
@@ -371,9 +371,8 @@ def _installer_run(run: _Uv, tool: Path, *, offline: bool = False) -> str:
     (tool / "pyproject.toml").write_text(
         f'[project]\nname = "envbuild-installer"\nversion = "0"\n'
         f'dependencies = [{_toml_string("uv==" + spec.installer)}]\n', encoding="utf-8")
-    command = run.command(OUTPUT, hashes=True, spec=replace(spec, find_links=()))
-    if offline and "--offline" not in command:
-        command.append("--offline")
+    command = run.command(OUTPUT, hashes=True,
+                          spec=replace(spec, find_links=(), offline=spec.offline or offline))
     run.run(command, tool)
     return (tool / OUTPUT).read_text(encoding="utf-8")
 
@@ -417,9 +416,8 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
     layer.mkdir()
     (layer / "pyproject.toml").write_text(project_text(run.spec, pins_only=True), encoding="utf-8")
     (layer / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in held.items()), encoding="utf-8")
-    command = [*run.command("layer.txt", hashes=False), "--constraints", "constraints.txt"]
-    if offline and "--offline" not in command:
-        command.append("--offline")
+    held_spec = replace(run.spec, offline=run.spec.offline or offline)
+    command = [*run.command("layer.txt", hashes=False, spec=held_spec), "--constraints", "constraints.txt"]
     run.run(command, layer)
     names: set[str] = set()
     for line in (layer / "layer.txt").read_text(encoding="utf-8").splitlines():
