@@ -126,20 +126,13 @@ def project(directory: Path, base: str, torch: str, variant: str, deps: list[str
 def fill_mirror(work: Path, root: Path) -> None:
     """Every wheel the lock in ``work`` installs (and its uv wheel) into root/files, fetched once
     through the configured index, with PEP 503 pages for them (bench_rebuild_cache's)."""
-    import ssl
     import urllib.parse
 
     from bench_rebuild_cache import index_pages
 
     locked = json.loads((work / "envbuild.lock").read_text())["targets"]["default"]
-    context = work / "ctx"
-    urls = [line.split(" @ ", 1)[1].split(" ", 1)[0]
-            for name in ("torch.txt", "project.txt") if (context / "requirements" / name).is_file()
-            for line in (context / "requirements" / name).read_text().splitlines() if " @ " in line]
-    urls.append(locked["pylock"]["installer"]["url"])
-    cert = os.environ.get("PIP_CERT")
-    tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    urls = [*locked_urls(work / "ctx"), locked["pylock"]["installer"]["url"]]
+    opener = trusting_opener()
     (root / "files").mkdir(parents=True)
     for url in urls:
         name = urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
@@ -165,17 +158,26 @@ def serve_mirror(root: Path) -> tuple[Any, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
-    """Fetch every URL of the build's requirements files, ``workers`` at a time, into a temp dir."""
-    urls = [line.split(" @ ", 1)[1].split(" ", 1)[0]
-            for name in ("torch.txt", "project.txt")
-            if (context / "requirements" / name).is_file()
+def locked_urls(context: Path) -> list[str]:
+    """The URL of every file the build's requirements files (a rendered context's) install."""
+    return [line.split(" @ ", 1)[1].split(" ", 1)[0]
+            for name in ("torch.txt", "project.txt") if (context / "requirements" / name).is_file()
             for line in (context / "requirements" / name).read_text().splitlines() if " @ " in line]
-    cert = os.environ.get("PIP_CERT")
+
+
+def trusting_opener() -> urllib.request.OpenerDirector:
+    """urllib trusting $PIP_CERT where set (this machine's proxy), else the system's CAs."""
     import ssl
 
+    cert = os.environ.get("PIP_CERT")
     tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+
+
+def download_alone(context: Path, workers: int = 1) -> tuple[float, int, int]:
+    """Fetch every URL of the build's requirements files, ``workers`` at a time, into a temp dir."""
+    urls = locked_urls(context)
+    opener = trusting_opener()
     from concurrent.futures import ThreadPoolExecutor
 
     def fetch(index: int, url: str, scratch: str) -> int:

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,7 @@ from typing import Any, ClassVar
 from envbuild.project.toml import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lock_build import envbuild, push_base, share_the_engine, start_registry
+from bench_lock_build import envbuild, push_base, share_the_engine, start_registry, trusting_opener
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -147,9 +146,7 @@ def fill_mirror(root: Path, base: str, torch_index: str) -> tuple[str, str]:
     urls = [w["url"] for p in pylock["packages"] for w in p.get("wheels", [])
             if not w["url"].startswith("http://127.0.0.1")]
     urls.append(locked["pylock"]["installer"]["url"])
-    cert = os.environ.get("PIP_CERT")
-    tls = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+    opener = trusting_opener()
     for url in urls:
         with opener.open(url, timeout=600) as answer:
             (root / "files" / urllib.parse.unquote(url.rsplit("/", 1)[-1])).write_bytes(answer.read())
