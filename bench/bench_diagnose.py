@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_resolve import compile_package
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.03
 STEPS = 3000  # about 3-5 s of loop on a development machine: ten ticks of the sampler at least
@@ -212,6 +214,9 @@ def end_to_end(rounds: int, steps: int, baseline: Path | None) -> None:
     arms: list[tuple[str, Path | None]] = [("bare", None), ("diagnosed", ROOT)]
     arms += [(f"diagnosed by {baseline.name}", baseline)] if baseline else []
     runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in arms}
+    for _, checkout in arms:
+        if checkout is not None:
+            compile_package(checkout / "envbuild")  # as installed: no module compiled per run
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-diagnose-") as tmp:
         job, result = Path(tmp) / "job.py", Path(tmp) / "result.json"

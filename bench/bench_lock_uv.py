@@ -49,6 +49,7 @@ from envbuild.upstream.pipconfig import index_url  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_diagnose import median_interval  # noqa: E402
+from bench_resolve import compile_package  # noqa: E402
 
 DEPENDENCIES = ("requests", "pandas", "scipy", "scikit-learn", "matplotlib", "aiohttp", "fastapi",
                 "uvicorn", "pydantic", "sqlalchemy", "transformers", "accelerate", "rich", "typer",
@@ -156,6 +157,7 @@ def measure(args: argparse.Namespace, root: Path, base: str, index: str, extra: 
             continue
         work = root / name
         work.mkdir()
+        compile_package(tree.resolve() / "envbuild")  # as installed: no module compiled per run
         project(work, base, args.index_url)
         sides[name] = envbuild_lock(work, tree.resolve(), extra)
     sides["envbuild"]()  # fills the uv cache: every run below is warm
