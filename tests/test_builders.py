@@ -400,3 +400,50 @@ def test_buildah_chroot_with_network_none_is_a_usage_error(tmp_path: Path) -> No
         BuildahBuilder(program=str(program), env=dict(os.environ)).build(
             context_of("FROM base\n"), tag="t:1", network="none", labels={}, progress=lambda e: None)
     assert not (tmp_path / "argv.jsonl").exists()  # buildah was not run
+
+
+class _Engine:
+    """A Docker API client that holds no image (so no base is copied from it)."""
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        raise LookupError(ref)
+
+
+@pytest.mark.parametrize("load", [True, False])
+def test_buildah_copies_into_the_docker_engine_unless_no_load(tmp_path: Path, load: bool) -> None:
+    """build --no-load: the image stays in buildah's storage (no ``buildah push
+    docker-daemon:``); loading runs that copy, which the stand-in refuses here."""
+    program = stub(tmp_path, "buildah", "STEP 1/1: FROM base\n", 0)
+    builder = BuildahBuilder(program=str(program), env=dict(os.environ), docker=_Engine(), load=load)
+
+    def built() -> buildmod.BuildResult:
+        return builder.build(context_of("FROM base\n"), tag="t:1", network=None, labels={},
+                             progress=lambda e: None)
+
+    if load:
+        with pytest.raises(BuildFailed, match="could not copy it to the Docker engine"):
+            built()
+    else:
+        assert built().size == 0
+    copies = [c["argv"] for c in calls(tmp_path) if "docker-daemon:t:1" in c["argv"]]
+    assert copies == ([["push", "t:1", "docker-daemon:t:1"]] if load else [])
+
+
+def test_no_load_is_for_buildah_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--variant", "cpu", "--no-load"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-load keeps the image in buildah's storage: it needs --builder buildah" in err
+    assert "drop --no-load" in err
+
+
+def test_no_load_refuses_a_lock_whose_build_makes_wheels(cpu_lock: lockmod.Lock) -> None:
+    from dataclasses import replace
+
+    from envbuild.commands.build import _check_no_load
+    from envbuild.extensions.tree import Extension
+
+    _check_no_load([cpu_lock])  # nothing built from source: allowed
+    with_wheels = replace(cpu_lock, extensions=(Extension(dir="ext/fused", name="fused-ops",
+                                                          sha256="0" * 64),), sdists=("pyyaml",))
+    with pytest.raises(UsageError, match=r"--no-load: the lock builds wheels \(fused-ops, pyyaml\)"):
+        _check_no_load([cpu_lock, with_wheels])

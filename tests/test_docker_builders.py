@@ -64,14 +64,22 @@ def cpu_args(base_image: str) -> list[str]:
 
 def pushed(client: Any, base_image: str, registry: str, builder: str, tag: str,
            tmp: Path) -> dict[str, Any]:
+    """buildah's build with --no-load: pushed from buildah's storage, never copied into the
+    Docker engine; the tests below verify and promote it by the pushed digest."""
     report = tmp / f"{builder}.json"
     ref = f"{registry}/envbuild-test/cpu-{builder}:candidate"
+    no_load = ["--no-load"] if builder == "buildah" else []
+    if no_load and client.images(name=tag):  # copied in by an earlier run: not what is checked below
+        client.remove_image(tag, force=True)
     done = envbuild(*cpu_args(base_image), "--builder", builder, "--tag", tag, "--push", ref,
-                    "--report", str(report), timeout=1800)
+                    "--report", str(report), *no_load, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     data = json.loads(report.read_text())
     assert f"built {tag} with {'docker-sdk' if builder == 'classic' else builder}" in done.stdout
     assert f"pushed {data['pushed']['pinned']}" in done.stdout
+    if no_load:
+        assert "in buildah's storage only" in done.stdout and data["size"] == 0
+        assert not client.images(name=tag), "--no-load: the image must not be in the Docker engine"
     return dict(data)
 
 

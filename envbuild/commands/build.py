@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,10 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--push", metavar="REF",
                    help="push the image to REF (registry/name:tag); prints and records its digest "
                         "(a lock's several targets: REF's tag gets -TARGET)")
+    g.add_argument("--no-load", action="store_true",
+                   help="buildah: leave the image in buildah's storage, not copied into the Docker "
+                        "engine (with --push, verify the pushed digest: the copy of a CUDA image "
+                        "takes minutes)")
     g.add_argument("--json", action="store_true",
                    help="print each target's image and registry digest as JSON (schema "
                         "envbuild.build/1, docs/build.md); progress stays on stderr")
@@ -111,12 +115,17 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         if parse_reference(args.push).digest is not None:
             raise UsageError(f"--push {args.push!r}: push to a tag, not a digest",
                              hint="registry/name:tag; the digest is printed after the push")
+    if args.no_load and args.builder != "buildah":
+        raise UsageError("--no-load keeps the image in buildah's storage: it needs --builder buildah",
+                         hint="the other builders build into the Docker engine; drop --no-load")
     _check_report(args.report)
     timestamp = _source_date_epoch(env)
     names, several = bt.target_names(args)
     # Every target's inputs are checked before a builder is sought.
     rendered = {name: render_context(bt.for_target(args, name), env) for name in names}
-    builder, client = _builder(args.builder, env, nocache=args.no_cache)
+    if args.no_load and args.lock:
+        _check_no_load([lock for lock, _ in rendered.values()])
+    builder, client = _builder(args.builder, env, nocache=args.no_cache, load=not args.no_load)
     say = _err if args.json else out  # --json: stdout holds the document alone
     entries, reports = [], []
     for number, name in enumerate(names, 1):
@@ -167,8 +176,11 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
                          on_interrupt=client.close if client is not None else lambda: None,
                          buildkit=buildkit, timestamp=timestamp if buildkit else None)
     report = result.to_json()
-    say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, "
-        f"{result.size / 1e9:.2f} GB, {result.seconds:.0f} s, {result.steps} steps)")
+    size = f"{result.size / 1e9:.2f} GB, " if result.size else ""  # none: not in the Docker engine
+    kept = builder.name == "buildah" and (client is None or not builder.load)
+    where = "; in buildah's storage only" if kept else ""
+    say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, {size}"
+        f"{result.seconds:.0f} s, {result.steps} steps{where})")
     if args.lock and (lock.extensions or lock.sdists):  # their wheels' sha256, beside the lock
         from envbuild.commands.built import record_build
 
@@ -180,6 +192,17 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
         report["pushed"] = {"ref": push, "digest": digest, "pinned": f"{repository}@{digest}"}
         say(f"pushed {report['pushed']['pinned']}")
     return report
+
+
+def _check_no_load(locks: Sequence[Lock]) -> None:
+    """A lock whose build makes wheels (extensions, sdists) records their sha256 read from the
+    image in the Docker engine: --no-load would leave nothing there to read."""
+    building = sorted({name for lock in locks for name in (*(e.name for e in lock.extensions),
+                                                           *lock.sdists)})
+    if building:
+        raise UsageError(f"--no-load: the lock builds wheels ({', '.join(building)}) whose sha256 envbuild "
+                         "records from the image in the Docker engine (envbuild.built.json)",
+                         hint="drop --no-load for this lock")
 
 
 def _base_os(lock: Lock, client: Any) -> BaseOs | None:
@@ -225,9 +248,10 @@ def _source_date_epoch(env: Mapping[str, str]) -> int | None:
     return int(text)
 
 
-def _builder(kind: str, env: Mapping[str, str], *, nocache: bool) -> tuple[Any, Any]:
+def _builder(kind: str, env: Mapping[str, str], *, nocache: bool, load: bool = True) -> tuple[Any, Any]:
     """The builder ``--builder`` names (auto: buildx, else classic with a daemon, else
-    buildah) and a Docker API client, or None when buildah runs without a daemon."""
+    buildah) and a Docker API client, or None when buildah runs without a daemon. ``load``
+    False: buildah leaves its image out of the Docker engine."""
     from envbuild.engine.build import SdkBuilder
     from envbuild.engine.builders import (
         BuildahBuilder,
@@ -260,7 +284,7 @@ def _builder(kind: str, env: Mapping[str, str], *, nocache: bool) -> tuple[Any, 
             client = connect(env)
         except DockerUnavailable:
             client = None  # the image stays in buildah's storage
-        return BuildahBuilder(docker=client, nocache=nocache, env=dict(env)), client
+        return BuildahBuilder(docker=client, nocache=nocache, env=dict(env), load=load), client
     client = connect(env)
     warn_leftovers(client, warn)
     if kind == "buildx":

@@ -16,7 +16,8 @@ cache (``--layers``) is on unless the driver is vfs, which would keep every cach
 copy of the root file system. A base image that buildah
 lacks but the Docker engine holds is copied from it first (``docker-daemon:`` transport),
 and the built image is copied to the Docker engine afterwards when one answers, so that
-``envbuild verify`` runs it (see DEVELOPERS.md).
+``envbuild verify`` runs it (see DEVELOPERS.md), unless ``load`` is off (``build --no-load``:
+the image pushed, then verified by its digest, saves a copy of the whole image).
 
 ``docker buildx`` is driven from its documented command line (``--progress plain``,
 ``--iidfile``, ``--secret id=ca,src=FILE``, ``--load``, a tar context on stdin); the buildx
@@ -160,6 +161,8 @@ class BuildahBuilder:
     nocache: bool = False
     name: str = "buildah"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # False (build --no-load): the image stays in buildah's storage even when a daemon answers.
+    load: bool = True
 
     def base(self) -> list[str]:
         driver = self.storage_driver or self.env.get("STORAGE_DRIVER", "")
@@ -247,7 +250,7 @@ class BuildahBuilder:
         if not image_id.startswith("sha256:"):
             image_id = f"sha256:{image_id}"
         size = 0
-        if self.docker is not None:
+        if self.docker is not None and self.load:
             self.to_docker(tag, progress)
             size = _docker_size(self.docker, tag)
         ran = state["ran"]
