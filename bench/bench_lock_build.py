@@ -25,7 +25,8 @@ The base image is the local Debian one (scripts/base-image.sh), pushed to a dock
 started on 127.0.0.1 so that ``lock`` pins it by digest as it would any base. Needs dockerd,
 docker-registry, the configured package index, buildah for ``--builders buildah``, and about
 20 GB of disk with buildah (its storage, its copy into dockerd). Usage:
-  python bench/bench_lock_build.py [--mirror] [--builders classic,classic+ca,buildah] [--cold N]
+  python bench/bench_lock_build.py [--mirror] [--cold N]
+      [--builders classic,classic+ca,buildah,buildah+no-load]
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ def kinds(steps: list[tuple[str, float]]) -> dict[str, float]:
     return found
 
 
-BUILDERS = ("auto", "classic", "classic+ca", "buildah", "buildx")
+BUILDERS = ("auto", "classic", "classic+ca", "buildah", "buildah+no-load", "buildx")
 
 
 def main() -> int:
@@ -295,7 +296,8 @@ def main() -> int:
     parser.add_argument("--builders", default="auto",
                         help=f"comma-separated, of {', '.join(BUILDERS)} (auto: buildx, else the classic "
                              "builder; classic+ca: the classic builder given --ca-bundle $PIP_CERT, its "
-                             "two-stage recipe, which every build here gets without --mirror)")
+                             "two-stage recipe, which every build here gets without --mirror; "
+                             "buildah+no-load: buildah with --no-load, its image not copied into dockerd)")
     parser.add_argument("--mirror", action="store_true",
                         help="serve the locked wheels from 127.0.0.1 over plain HTTP and lock against that: "
                              "no proxy and no CA bundle on either side (classic: one stage)")
@@ -339,17 +341,18 @@ def main() -> int:
             # Interleaved: install alone before each cold build and once after the last, so that
             # the load of other work falls on both sides alike.
             for name in names:
-                builder, installer, _ = name.split("-")
+                builder, installer, _ = name.rsplit("-", 2)
                 installs.append(install_alone(work / "ctx", python, platform))
                 loads.append(os.getloadavg()[0])
                 envbuild("lock", "--installer", installer, cwd=work)
                 tag = f"envbuild-bench/locked:{name.replace('+', '-')}"
                 with_ca = not args.mirror or builder == "classic+ca"
                 cold[name] = build(work, tag, "--no-cache", "--builder", builder.split("+")[0],
+                                   *(["--no-load"] if builder.endswith("+no-load") else []),
                                    ca_bundle=with_ca)
                 # Each image is several GB and only its figures are needed: removed at once.
                 subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
-                if builder == "buildah":
+                if builder.startswith("buildah"):
                     subprocess.run(["buildah", "rmi", "-f", tag], capture_output=True, check=False)
                 loads.append(os.getloadavg()[0])
             installs.append(install_alone(work / "ctx", python, platform))
@@ -364,7 +367,7 @@ def main() -> int:
             registry.wait(10)
             # Each image is several GB: leave none of them behind.
             subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
-            if "buildah" in builders:
+            if any(b.startswith("buildah") for b in builders):
                 subprocess.run(["buildah", "rmi", "-f", *tags], capture_output=True, check=False)
     install_s = statistics.median(installs)
     print(f"stack           torch {locked['stack']['torch']} ({locked['stack']['variant']}), Python "
@@ -386,8 +389,9 @@ def main() -> int:
         split = kinds(steps)
         own = seconds - sum(split[k] for k in NOT_INSTALLING)
         verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
-        print(f"cold build {name:<18} {seconds:7.1f} s ({report.get('backend', '?')}, --no-cache; image "
-              f"{report['size'] / 1e9:.2f} GB)  ratio {ratio:.2f}x to install alone (target <= "
+        shown = f"{report['size'] / 1e9:.2f} GB" if report["size"] else "not in dockerd"
+        print(f"cold build {name:<22} {seconds:7.1f} s ({report.get('backend', '?')}, --no-cache; image "
+              f"{shown})  ratio {ratio:.2f}x to install alone (target <= "
               f"{TARGET_RATIO}): {verdict}")
         for kind, spent in split.items():
             print(f"    {spent:7.1f} s  {kind}")
