@@ -81,7 +81,8 @@ def verify(client: Any, image: str, options: VerifyOptions,
         config = client.inspect_image(image)
     except docker.errors.ImageNotFound:
         raise UsageError(f"no image {image!r} on this Docker engine",
-                         hint="build it with 'envbuild build'") from None
+                         hint="build it with 'envbuild build'; one built with --no-load is in "
+                              "buildah's storage: verify the REF@sha256:… its --push printed") from None
     labels = (config.get("Config") or {}).get("Labels") or {}
     if "dev.envbuild.torch" not in labels:
         raise UsageError(f"image {image!r} was not built by envbuild (no dev.envbuild labels)")
