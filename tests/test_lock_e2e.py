@@ -3,7 +3,7 @@
 the image's installed set equal to the pylock → ``verify --cpu-ok``; one requirement added →
 ``lock --check`` says stale → re-lock → the rebuild reuses the torch layer, byte for byte, with the
 classic builder (two stages: the CA bundle) and with buildah; two no-cache builds of one lock give
-the same files.
+the same files (classic) and one image ID (buildah).
 
 torch 2.13.0+cpu comes from the ``$PIP_FIND_LINKS`` wheelhouse, served on 127.0.0.1 as the
 variant's index (PyTorch's own index is not reachable here); the project's small dependencies
@@ -255,9 +255,12 @@ def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: 
 
 
 def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, project: Path,
-                                                                  locked: dict[str, Any]) -> None:
+                                                                  locked: dict[str, Any],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/faults.md U11 with buildah (BuildKit syntax, one stage, its layer cache): the image
-    built after adding a dependency holds the first image's torch layer, byte for byte."""
+    built after adding a dependency holds the first image's torch layer, byte for byte. U12:
+    with SOURCE_DATE_EPOCH set, two builds of that lock with ``--no-cache`` (and ``--no-load``:
+    nothing copied into the Docker engine) have one image ID, and the layers of the cached one."""
     import shutil
 
     if shutil.which("buildah") is None:
@@ -267,7 +270,9 @@ def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, p
     before = _buildah_images()
     pyproject = project / "pyproject.toml"
     text = pyproject.read_text()
-    tags = ["envbuild-test/locked-buildah:1", "envbuild-test/locked-buildah:2"]
+    tags = ["envbuild-test/locked-buildah:1", "envbuild-test/locked-buildah:2",
+            "envbuild-test/locked-buildah:fresh-a", "envbuild-test/locked-buildah:fresh-b"]
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     try:
         build(project, tags[0], "--builder", "buildah")
         pyproject.write_text(text.replace(f'"{DEPENDENCIES[-1]}"]', f'"{DEPENDENCIES[-1]}", "{ADDED}"]', 1))
@@ -275,6 +280,13 @@ def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, p
         report = build(project, tags[1], "--builder", "buildah")
         assert not any("torch.txt" in step for step in report["ran"]), report["ran"]
         assert_torch_layer_kept(client, tags[0], tags[1])
+        # U12: two --no-cache builds of that lock give one image ID; their layers are the cached
+        # build's too (its history may name older intermediate images: compared by layers).
+        again = [build(project, tag, "--builder", "buildah", "--no-cache", "--no-load") for tag in tags[2:]]
+        assert all(any("torch.txt" in step for step in r["ran"]) for r in again)  # built anew
+        assert again[0]["image_id"] == again[1]["image_id"], "two --no-cache builds, two image IDs"
+        assert _buildah_layers(tags[2]) == _buildah_layers(tags[1])
+        assert not client.images(name=tags[2])  # --no-load: not copied into the Docker engine
     finally:
         pyproject.write_text(text)
         assert envbuild("lock", cwd=project).returncode == 0
@@ -283,6 +295,13 @@ def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, p
         made = _buildah_images() - before
         if made:
             subprocess.run(["buildah", "rmi", "--force", *made], capture_output=True, check=False)
+
+
+def _buildah_layers(tag: str) -> list[str]:
+    """The image's layer digests (uncompressed), from buildah's storage."""
+    done = subprocess.run(["buildah", "inspect", "--type", "image", tag], capture_output=True, text=True,
+                          check=True)
+    return list(json.loads(done.stdout)["OCIv1"]["rootfs"]["diff_ids"])
 
 
 def _buildah_images() -> set[str]:
