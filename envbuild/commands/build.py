@@ -177,8 +177,7 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
                          buildkit=buildkit, timestamp=timestamp if buildkit else None)
     report = result.to_json()
     size = f"{result.size / 1e9:.2f} GB, " if result.size else ""  # none: not in the Docker engine
-    kept = builder.name == "buildah" and (client is None or not builder.load)
-    where = "; in buildah's storage only" if kept else ""
+    where = "; in buildah's storage only" if builder.name == "buildah" and not builder.loads else ""
     say(f"built {result.tag} with {builder.name} ({result.image_id[:19]}, {size}"
         f"{result.seconds:.0f} s, {result.steps} steps{where})")
     if args.lock and (lock.extensions or lock.sdists):  # their wheels' sha256, beside the lock

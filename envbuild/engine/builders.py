@@ -164,6 +164,11 @@ class BuildahBuilder:
     # False (build --no-load): the image stays in buildah's storage even when a daemon answers.
     load: bool = True
 
+    @property
+    def loads(self) -> bool:
+        """Whether a built image is copied into the Docker engine (else buildah's storage only)."""
+        return self.docker is not None and self.load
+
     def base(self) -> list[str]:
         driver = self.storage_driver or self.env.get("STORAGE_DRIVER", "")
         return [self.program, *(["--storage-driver", driver] if driver else [])]
@@ -250,7 +255,7 @@ class BuildahBuilder:
         if not image_id.startswith("sha256:"):
             image_id = f"sha256:{image_id}"
         size = 0
-        if self.docker is not None and self.load:
+        if self.loads:
             self.to_docker(tag, progress)
             size = _docker_size(self.docker, tag)
         ran = state["ran"]
