@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "real-projects"
 sys.path.insert(0, str(ROOT))
 
+from envbuild.project.toml import tomllib  # noqa: E402
 from envbuild.pylock.uv import find_uv, uv_environment  # noqa: E402
 from envbuild.upstream.pipconfig import index_url  # noqa: E402
 
@@ -74,6 +74,7 @@ class Side:
     error: str = ""
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
+    sdist_only: list[str] = field(default_factory=list)  # locked with no wheel: built from source
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,14 +125,17 @@ def uv_command(uv: str, inputs: Inputs, python: str, index: str, platform: str) 
     return command
 
 
-def pylock_versions(path: Path) -> dict[str, str]:
-    """Every package's version in a PEP 751 file (a VCS/URL package without one: its source)."""
+def read_pylock(path: Path) -> tuple[dict[str, str], list[str]]:
+    """Every package's version in a PEP 751 file (a VCS/URL package without one: its source),
+    and the packages it locks with no wheel (an sdist, a VCS checkout: built at install)."""
     document = tomllib.loads(path.read_text(encoding="utf-8"))
-    versions = {}
+    versions, unbuilt = {}, []
     for package in document.get("packages", []):
         name = str(package["name"]).lower().replace("_", "-").replace(".", "-")
         versions[name] = str(package.get("version") or _source(package))
-    return versions
+        if not package.get("wheels"):
+            unbuilt.append(name)
+    return versions, sorted(unbuilt)
 
 
 def _source(package: dict[str, object]) -> str:
@@ -163,7 +167,7 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float,
     if done.returncode != 0:
         side.error = first_error(done.stderr, index)
     elif (written := output()) is not None:
-        side.versions = pylock_versions(written)
+        side.versions, side.sdist_only = read_pylock(written)
     return side
 
 
@@ -176,8 +180,8 @@ def locked_platform(work: Path) -> str | None:
     """The platform envbuild resolved for (the lock's target), so that uv resolves for the same."""
     try:
         targets = json.loads((work / "envbuild.lock").read_text(encoding="utf-8"))["targets"]
-        return str(next(iter(targets.values()))["platform"])
-    except (OSError, ValueError, KeyError, StopIteration):
+        return str(next(iter(targets.values()))["pylock"]["platform"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
 
 
@@ -207,6 +211,11 @@ def measure(inputs: Inputs, *, tree: Path, python: str, timeout: float, cache: P
                differences=differences(ours.versions, theirs.versions))
 
 
+def _cut(text: str, most: int = 240) -> str:
+    """A long one-line error, shortened for the table (--json keeps it whole)."""
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 def _count(side: Side) -> str:
     return str(len(side.versions)) if side.exit == 0 else "-"
 
@@ -221,11 +230,15 @@ def table(rows: list[Row]) -> str:
            "| package | envbuild version | uv version | reason |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        error = (row.envbuild.error or row.uv.error and f"(uv: {row.uv.error})").replace("|", "\\|")
+        error = _cut(row.envbuild.error or (row.uv.error and f"(uv: {row.uv.error})")).replace("|", "\\|")
         out.append(f"| {row.project} | {_code(row.envbuild)} | {error} | {_count(row.envbuild)} "
                    f"| {_code(row.uv)} | {_count(row.uv)} |  |  |  |  |")
         out += [f"|  |  |  |  |  |  | {name} | {mine} | {theirs} |  |"
                 for name, mine, theirs in row.differences]
+    out += ["", "Built from source (no wheel locked): "
+            + "; ".join(f"{r.project}: uv {', '.join(r.uv.sdist_only) or 'none'}, envbuild "
+                        f"{', '.join(r.envbuild.sdist_only) or 'none'}"
+                        for r in rows if r.uv.sdist_only or r.envbuild.sdist_only)]
     return "\n".join(out)
 
 
@@ -233,7 +246,8 @@ def document(rows: list[Row], python: str) -> dict[str, object]:
     def side(s: Side) -> dict[str, object]:
         return {**asdict(s), "seconds": round(s.seconds, 1), "packages": len(s.versions)}
     return {"driver": DRIVER, "python": python,
-            "projects": [{"project": r.project, "platform": r.platform, "envbuild": side(r.envbuild), "uv": side(r.uv),
+            "projects": [{"project": r.project, "platform": r.platform,
+                          "envbuild": side(r.envbuild), "uv": side(r.uv),
                           "differences": [{"package": n, "envbuild": a, "uv": b}
                                           for n, a, b in r.differences]} for r in rows]}
 
