@@ -25,7 +25,7 @@ never printed) and share one persistent uv cache (``--uv-cache``, default
 a wheel's metadata by range request, never the whole torch CUDA wheels. Each run is bounded by
 ``--timeout`` seconds. Usage:
   python bench/bench_real_projects.py [--tree PATH] [--project NAME]... [--python 3.12]
-                                      [--timeout 600] [--json]
+                                      [--timeout 600] [--project-line TOML]... [--json]
 """
 
 from __future__ import annotations
@@ -100,9 +100,10 @@ def corpus(names: list[str] | None) -> list[Inputs]:
     return projects
 
 
-def project_file(inputs: Inputs, python: str) -> str:
-    """The envbuild.toml naming the verbatim files: one target, driver 580, the index's torch."""
-    lines = [f"python = {json.dumps(python)}", 'variant = "default"', "companions = false"]
+def project_file(inputs: Inputs, python: str, more: tuple[str, ...] = ()) -> str:
+    """The envbuild.toml naming the verbatim files: one target, driver 580, the index's torch;
+    ``more``: top-level lines added as given (``build-sdists = true``)."""
+    lines = [f"python = {json.dumps(python)}", 'variant = "default"', "companions = false", *more]
     if inputs.pyproject is not None:
         lines.append(f"pyproject = {json.dumps(inputs.pyproject)}")
     if inputs.extras:
@@ -194,13 +195,13 @@ def differences(ours: dict[str, str], theirs: dict[str, str]) -> tuple[tuple[str
 
 
 def measure(inputs: Inputs, *, tree: Path, python: str, timeout: float, cache: Path,
-            index: str, uv: str) -> Row:
+            index: str, uv: str, more: tuple[str, ...] = ()) -> Row:
     env = uv_environment(os.environ)
     env["UV_CACHE_DIR"] = str(cache)
     with tempfile.TemporaryDirectory(prefix=f"real-{inputs.name}-") as tmp:
         work = Path(tmp) / inputs.name
         shutil.copytree(CORPUS / inputs.name, work)
-        (work / "envbuild.toml").write_text(project_file(inputs, python), encoding="utf-8")
+        (work / "envbuild.toml").write_text(project_file(inputs, python, more), encoding="utf-8")
         ours = run([sys.executable, "-m", "envbuild", "lock", "--no-registry"], work,
                    {**env, "PYTHONPATH": str(tree)}, timeout, lambda: envbuild_pylock(work), index)
         platform = locked_platform(work) or UV_PLATFORM
@@ -260,6 +261,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--uv-cache", type=Path, default=Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-bench" / "uv")
+    parser.add_argument("--project-line", action="append", default=[], metavar="TOML",
+                        help="a top-level line added to every envbuild.toml, e.g. "
+                             "'build-sdists = true' (repeatable; the table then measures that setting)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
     index = index_url(None, os.environ)
@@ -268,7 +272,8 @@ def main() -> int:
     for inputs in corpus(args.project):
         print(f"{inputs.name}: locking", file=sys.stderr, flush=True)
         rows.append(measure(inputs, tree=args.tree.resolve(), python=args.python,
-                            timeout=args.timeout, cache=args.uv_cache, index=index, uv=uv))
+                            timeout=args.timeout, cache=args.uv_cache, index=index, uv=uv,
+                            more=tuple(args.project_line)))
     print(json.dumps(document(rows, args.python), indent=2) if args.json else table(rows))
     return 0
 
