@@ -498,10 +498,20 @@ def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
         meaningful = [line for line in lines if not _NOISE.match(line)]
         head = meaningful[-1] if meaningful else "no message"
     message = f"uv could not lock the closure: {head}" + (f": {tail}" if tail else "")
-    hint = "check the index URLs and the network"
+    hint = f"check the network and the index URLs uv was given: {_indexes_named(spec)}"
     if spec.offline:
         hint = "--offline uses uv's cache only: lock once with the network to fill it"
     return DataError(message, hint=hint)
+
+
+def _indexes_named(spec: ClosureSpec) -> str:
+    """The indexes a closure is resolved from, credentials masked, for an error that may be
+    theirs (which one uv could not reach, its message says when it says)."""
+    named = [f"{redact(spec.default_index)} (the project's dependencies)" if spec.default_index
+             else "pip's configured index (the project's dependencies)"]
+    if spec.torch_index and spec.torch_index != spec.default_index:
+        named.append(f"{redact(spec.torch_index)} (torch)")
+    return ", ".join(named)
 
 
 def _conflict(lines: list[str], spec: ClosureSpec) -> EnvbuildError:
