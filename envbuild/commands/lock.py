@@ -386,6 +386,12 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
+    if project is not None and project.hashes:
+        from envbuild.pylock.files import read_pylock
+        from envbuild.pylock.hashed import check_hashed
+
+        check_hashed(read_pylock(closure.pylock_text), project.hashes, python=spec.python,
+                     glibc=spec.glibc, sdists=project.build_sdists)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -423,6 +429,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
         installer=None if installer_choice(args, project) == "pip" else "uv",
         no_binary=() if project is None else project.build_sdists,
+        constraints=() if project is None else project.constraints,
         env=env,
     )
 
@@ -445,6 +452,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
             "installer": "pip" if spec.installer is None else "uv"}
     if spec.no_binary:  # only when set: the fingerprint of a lock without them stays as it was
         data["no_binary"] = list(spec.no_binary)
+    if spec.constraints:  # likewise
+        data["constraints"] = list(spec.constraints)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 

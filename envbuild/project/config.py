@@ -412,6 +412,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         companions=reader.boolean(table, "companions", [], True),
         compile_toolchain=reader.boolean(table, "compile-toolchain", [], True),
         dependencies=dependencies, torch_constraints=torch_constraints,
+        constraints=gathered.constraint_lines(), hashes=tuple(gathered.hashes),
         apt_packages=reader.strings(table, "apt-packages", []), env=tuple(env_pairs),
         user=reader.string(table, "user", []) or "envbuild",
         base_image=reader.string(table, "base-image", []),

@@ -3,12 +3,14 @@
 Sources: ``[project.dependencies]`` of a pyproject.toml, its chosen extras
 (``[project.optional-dependencies]``) and dependency groups (PEP 735
 ``[dependency-groups]``, ``{include-group = ...}`` followed), requirements files (``-r``
-includes relative to the including file, each file read once), and extra PEP 508 strings
-from the project file. Every requirement names a package on an index, or is an https wheel
-(``name @ https://…/name-version-tags.whl``, envbuild/pylock/direct.py): editable installs,
-local paths, VCS, other direct URLs and pip options other than ``-r`` are refused, naming
-the file and line. torch, torchvision and torchaudio are set aside as
-constraints on the stack rather than dependencies.
+includes relative to the including file, each file read once; ``-c`` constraints files,
+handed to uv as constraints; ``--hash=sha256:`` options, checked against the files locked),
+and extra PEP 508 strings from the project file. Every requirement names a package on an
+index, or is an https wheel (``name @ https://…/name-version-tags.whl``,
+envbuild/pylock/direct.py): editable installs, local paths, VCS, other direct URLs and pip
+options other than ``-r``/``-c``/``--hash`` are refused, naming the file and line. torch,
+torchvision and torchaudio are set aside as constraints on the stack rather than dependencies
+(a constraint on torch narrows the stack too).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class Gathered:
 
     requirements: list[tuple[str, Where]] = field(default_factory=list)
     files: list[tuple[Path, bytes]] = field(default_factory=list)
+    constraints: list[tuple[str, Where]] = field(default_factory=list)  # from -c files
+    # (canonical name, where, the sha256s a --hash option allows): pip-compile's output
+    hashes: list[tuple[str, Where, frozenset[str]]] = field(default_factory=list)
 
     def split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(dependencies, torch constraints): exact duplicates dropped, each sorted."""
@@ -62,7 +67,18 @@ class Gathered:
             found = _NAME_RE.match(text)
             name = canonicalize_name(found.group(0) if found else Requirement(text).name)
             (torch if name in TORCH_NAMES else deps).add(text)
+        # a constraint on torch is a requirement on the stack's torch: it narrows it
+        torch |= {text for text, _ in self.constraints if _name(text) == "torch"}
         return tuple(sorted(deps)), tuple(sorted(torch))
+
+    def constraint_lines(self) -> tuple[str, ...]:
+        """The constraints uv gets (torch's narrow the stack instead), sorted, once each."""
+        return tuple(sorted({text for text, _ in self.constraints if _name(text) != "torch"}))
+
+
+def _name(text: str) -> str:
+    found = _NAME_RE.match(text)
+    return canonicalize_name(found.group(0) if found else Requirement(text).name)
 
 
 def check_requirement(text: str, where: Where) -> str:
@@ -129,10 +145,34 @@ def logical_lines(text: str) -> Iterable[tuple[int, str]]:
         yield start, " ".join(p for p in pending if p)
 
 
+_INCLUDE_RE = re.compile(r"(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)")
+_HASH_RE = re.compile(r"\s+--hash(?:\s*=\s*|\s+)(\S*)")
+_SHA256_RE = re.compile(r"sha256:([0-9a-fA-F]{64})")
+
+
+def split_hashes(line: str, where: Where) -> tuple[str, frozenset[str]]:
+    """``name==1.0 --hash=sha256:… --hash=sha256:…`` (pip-compile's output, continuation
+    lines joined): the requirement and the sha256s it allows. Another algorithm, or a
+    malformed digest, is refused: only sha256 is what a lock records."""
+    found = _HASH_RE.findall(line)
+    if not found:
+        return line, frozenset()
+    shas = set()
+    for value in found:
+        match = _SHA256_RE.fullmatch(value)
+        if match is None:
+            raise usage(where, f"--hash {quoted(value[:80])} is not sha256:<64 hex digits>",
+                        "envbuild checks sha256 only: regenerate with pip-compile --generate-hashes")
+        shas.add(match.group(1).lower())
+    return _HASH_RE.sub("", line).strip(), frozenset(shas)
+
+
 def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gathered,
-                           seen: set[Path], where: Where, roots: Sequence[Path], depth: int = 0) -> None:
+                           seen: set[Path], where: Where, roots: Sequence[Path], depth: int = 0,
+                           *, constraints: bool = False) -> None:
     """Add ``path``'s requirements (and its ``-r`` includes) to ``out``; ``where`` names
-    the line that asked for the file, for a missing one. The file must lie inside ``roots``
+    the line that asked for the file, for a missing one; ``constraints``: a ``-c`` file, whose
+    lines (and ``-r`` includes) constrain and require nothing. The file must lie inside ``roots``
     (links resolved) and be a regular file of bounded size. A file already read is skipped,
     so include cycles end; includes nest at most ``MAX_INCLUDE_DEPTH`` deep, and at most
     ``MAX_FILES`` files are read."""
@@ -155,14 +195,20 @@ def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gather
         raise usage(f"{token(shown(path))}:1", "not UTF-8 text") from None
     for number, line in logical_lines(text):
         here = f"{token(shown(path))}:{number}"
-        include = re.fullmatch(r"(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)", line)
+        include = _INCLUDE_RE.fullmatch(line)
         if include:
-            read_requirements_file(path.parent / include.group(1), shown, out, seen, here, roots,
-                                   depth + 1)
+            constraint = constraints or include.group(1) in ("-c", "--constraint")
+            read_requirements_file(path.parent / include.group(2), shown, out, seen, here, roots,
+                                   depth + 1, constraints=constraint)
             continue
-        if line.startswith(("-r", "--requirement")):
-            raise usage(here, f"malformed include {quoted(line)}", "write -r other.txt")
-        out.requirements.append((check_requirement(line, here), here))
+        if line.startswith(("-r", "--requirement", "-c", "--constraint")):
+            raise usage(here, f"malformed include {quoted(line)}",
+                        "write -r other.txt or -c constraints.txt")
+        line, hashes = split_hashes(line, here)
+        text = check_requirement(line, here)
+        (out.constraints if constraints else out.requirements).append((text, here))
+        if hashes:
+            out.hashes.append((_name(text), here, hashes))
 
 
 # --- pyproject.toml: dependencies, extras, groups -------------------------------------------

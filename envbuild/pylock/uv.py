@@ -98,6 +98,8 @@ class ClosureSpec:
     installer: str | None = None  # a uv version to pin as the build's installer; None: pip installs
     # Packages taken from their sdist (--no-binary NAME), to be built in the image's build stage.
     no_binary: tuple[str, ...] = ()
+    # The project's -c constraints files' lines: uv's --constraints for the closure's run.
+    constraints: tuple[str, ...] = ()
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -312,12 +314,19 @@ def _known_names(spec: ClosureSpec) -> list[str]:
     return names
 
 
+USER_CONSTRAINTS = "project-constraints.txt"
+
+
 def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None) -> str:
     """uv's locking run of the whole closure, with hashes: the pylock's text."""
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
     command = run.command(OUTPUT, hashes=True)
+    if spec.constraints:
+        lines = _checked(spec.constraints, "constraint")
+        (work / USER_CONSTRAINTS).write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
+        command += ["--constraints", USER_CONSTRAINTS]
     if spec.upgrade:
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
