@@ -279,17 +279,20 @@ def test_targets_names_and_their_combination(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("requirement", "problem"), [
-    ("-e .", "editable requirement"),
-    ("--editable=./lib", "editable requirement"),
-    (".", "local path requirement"),
-    ("./libs/thing", "local path requirement"),
-    ("/abs/thing", "local path requirement"),
+    # a directory is a local package since H53 (tests/test_requirements_as_written.py): built
+    # from its sources, so one that is no Python project, or missing, is refused
+    ("-e .", "local package '.' holds neither pyproject.toml nor setup.py"),
+    ("--editable=./lib", "local package 'lib' does not exist"),
+    (".", "local package '.' holds neither pyproject.toml nor setup.py"),
+    ("./libs/thing", "local package 'libs/thing' does not exist"),
+    ("-e git+https://127.0.0.1/r.git#egg=r", "editable requirement"),
+    ("/abs/thing", "local package '/abs/thing' is not relative to the requirements file"),
     ("file:///abs/thing", "local path requirement"),
     ("thing @ file:///abs/thing", "local path requirement"),
     ("dist/thing-1.0-py3-none-any.whl", "local path requirement"),
 ])
 def test_editable_and_local_requirements_are_refused(tmp_path: Path, requirement: str, problem: str) -> None:
-    """docs/faults.md H11 (editable), H12 (local paths)"""
+    """docs/faults.md H11 (editable), H12 (local paths), H53 (local packages)"""
     message = refused(tmp_path, {"envbuild.toml": 'requirements = ["requirements.txt"]\n',
                                  "requirements.txt": f"requests\n# comment\n{requirement}\n"})
     assert f"requirements.txt:3: {problem}" in message

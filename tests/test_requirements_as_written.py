@@ -113,3 +113,81 @@ def test_a_bad_hash_or_include_is_one_line_naming_file_and_line(tmp_path: Path, 
     with pytest.raises(UsageError) as caught:
         load_project(None, tmp_path)
     assert f"r.txt:2: {problem}" in caught.value.one_line()
+
+
+def local_project(directory: Path, indexes: str) -> Path:  # noqa: F811
+    """envbuild.toml + requirements.txt naming the project's own package and a local one."""
+    with_requirements(directory, indexes, {
+        "requirements.txt": "-e .[extra]\n--editable ./pkgs/mylib\n./pkgs/mylib/\nsix\n",
+        "pyproject.toml": '[project]\nname = "Demo_App"\nversion = "1"\ndependencies = ["filelock"]\n'
+                          '[project.optional-dependencies]\nextra = ["idna"]\n'
+                          '[build-system]\nrequires = ["six"]\nbuild-backend = "x"\n',
+        "demo_app.py": "VALUE = 1\n"})
+    (directory / "pkgs" / "mylib").mkdir(parents=True)
+    (directory / "pkgs" / "mylib" / "pyproject.toml").write_text(
+        '[project]\nname = "mylib"\nversion = "1"\n[build-system]\nrequires = ["six"]\n')
+    # what the project's tree leaves out: hidden entries, a venv, a rendered context
+    for junk in (".git/HEAD", ".venv/pyvenv.cfg", "venv/pyvenv.cfg", "ctx/envbuild.lock"):
+        (directory / junk).parent.mkdir(parents=True, exist_ok=True)
+        (directory / junk).write_text("x\n")
+    return directory
+
+
+def test_local_packages_are_locked_by_their_sources_and_built_like_extensions(
+        tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """H53: '-e .' and '-e ./pkgs/mylib' were refused (and the project's own package was never
+    installed). Now each is recorded like an extension (directory, name, source sha256), built
+    from its sources in the extensions stage, and its own requirements (the extra chosen, its
+    dependencies, its build-system's requires; setuptools for a setup.py) join the closure."""
+    monkeypatch.chdir(local_project(tmp_path, indexes))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    target = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]
+    assert [(e["dir"], e["name"]) for e in target["extensions"]] == [(".", "demo-app"),
+                                                                      ("pkgs/mylib", "mylib")]
+    assert {"filelock", "idna", "six"} <= set(target["packages"])
+    assert run(capsys, env, "lock", "--check")[0] == 0  # its own lock is no source of it
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "image")
+    assert code == 0, err
+    image = tmp_path / "image"
+    built = sorted(str(p.relative_to(image)) for p in (image / "extensions").rglob("*") if p.is_file())
+    assert built == ["extensions/+project/demo_app.py", "extensions/+project/envbuild.toml",
+                     "extensions/+project/pkgs/mylib/pyproject.toml",
+                     "extensions/+project/pyproject.toml", "extensions/+project/requirements.txt",
+                     "extensions/pkgs/mylib/pyproject.toml"]
+    dockerfile = (tmp_path / "image" / "Dockerfile").read_text()
+    assert "--wheel-dir /wheels /tmp/envbuild-ext/+project" in dockerfile
+    assert run(capsys, env, "lock", "--check")[0] == 0  # a rendered context is no source either
+    (tmp_path / "demo_app.py").write_text("VALUE = 2\n")
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11 and "extensions or their sources changed" in err
+
+
+def test_a_setup_py_package_is_built_with_setuptools(tmp_path: Path) -> None:
+    (tmp_path / "envbuild.toml").write_text('requirements = ["r.txt"]\n')
+    (tmp_path / "r.txt").write_text("-e lib\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "setup.py").write_text("")
+    loaded = load_project(None, tmp_path)
+    assert loaded.dependencies == ("setuptools",) and [e.dir for e in loaded.extensions] == ["lib"]
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("-e ../elsewhere", "local package ../elsewhere lies outside the project"),
+    ("-e /opt/pkg", "local package '/opt/pkg' is not relative to the requirements file"),
+    ("-e git+https://127.0.0.1/repo.git#egg=x",
+     "editable requirement '-e git+https://127.0.0.1/repo.git#egg=x' is not a local directory"),
+    ("-e ./nothing", "local package 'nothing' does not exist"),
+])
+def test_a_local_package_that_cannot_be_built_is_one_line(tmp_path: Path, line: str, problem: str) -> None:
+    from envbuild.errors import UsageError
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "envbuild.toml").write_text('requirements = ["r.txt"]\n')
+    (tmp_path / "p" / "r.txt").write_text(f"idna\n{line}\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "setup.py").write_text("")
+    with pytest.raises(UsageError) as caught:
+        load_project(None, tmp_path / "p")
+    assert f"r.txt:2: {problem}" in caught.value.one_line()

@@ -27,6 +27,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
+from envbuild.extensions.tree import Extension
 from envbuild.pylock.direct import direct_wheel
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
@@ -56,6 +57,8 @@ class Gathered:
     constraints: list[tuple[str, Where]] = field(default_factory=list)  # from -c files
     # (canonical name, where, the sha256s a --hash option allows): pip-compile's output
     hashes: list[tuple[str, Where, frozenset[str]]] = field(default_factory=list)
+    # local packages (-e ./pkg, ./pkg, -e .): (directory, extras, where), built like extensions
+    local: list[tuple[Path, tuple[str, ...], Where]] = field(default_factory=list)
 
     def split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(dependencies, torch constraints): exact duplicates dropped, each sorted."""
@@ -150,6 +153,39 @@ _HASH_RE = re.compile(r"\s+--hash(?:\s*=\s*|\s+)(\S*)")
 _SHA256_RE = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
 
+_EDITABLE_RE = re.compile(r"(?:-e|--editable)(?:\s*=\s*|\s+)(\S+)")
+_EXTRAS_RE = re.compile(r"(?P<path>[^\[\]]+?)(?:\[(?P<extras>[A-Za-z0-9._,\s-]*)\])?")
+_ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
+
+
+def local_package(line: str, where: Where) -> tuple[str, tuple[str, ...]] | None:
+    """``-e ./pkg``, ``-e .[gpu]``, ``./pkg``, ``.``: (the directory as written, its extras),
+    or None for anything else. A local package is built from its source tree like an
+    extension; an editable VCS or URL requirement, or an absolute path, is refused here."""
+    editable = _EDITABLE_RE.fullmatch(line)
+    value = editable.group(1) if editable else line
+    lowered = value.lower()
+    if "://" in value or lowered.startswith((*VCS_SCHEMES, "file:")):
+        if editable:
+            raise usage(where, f"editable requirement {quoted(line)} is not a local directory",
+                        "an editable install is a directory of the project (-e ./pkg); for a VCS "
+                        "or URL source, build its wheel (pip wheel) into a find-links directory")
+        return None
+    if not editable and not (value.startswith(".") or ("/" in value and "@" not in value
+                                                       and " " not in value)):
+        return None
+    if lowered.endswith(_ARCHIVES):
+        return None  # a local file: check_requirement refuses it with its way out
+    if value.startswith(("/", "~")):
+        raise usage(where, f"local package {quoted(value)} is not relative to the requirements file",
+                    "name a directory inside the project, relative to the file (-e ./pkg)")
+    found = _EXTRAS_RE.fullmatch(value)
+    if found is None:
+        raise usage(where, f"invalid local package {quoted(value)}", "write -e ./pkg or -e ./pkg[extra]")
+    extras = tuple(e.strip() for e in (found.group("extras") or "").split(",") if e.strip())
+    return found.group("path"), extras
+
+
 def split_hashes(line: str, where: Where) -> tuple[str, frozenset[str]]:
     """``name==1.0 --hash=sha256:… --hash=sha256:…`` (pip-compile's output, continuation
     lines joined): the requirement and the sha256s it allows. Another algorithm, or a
@@ -204,6 +240,10 @@ def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gather
         if line.startswith(("-r", "--requirement", "-c", "--constraint")):
             raise usage(here, f"malformed include {quoted(line)}",
                         "write -r other.txt or -c constraints.txt")
+        local = None if constraints else local_package(line, here)
+        if local is not None:
+            out.local.append((path.parent / local[0], local[1], here))
+            continue
         line, hashes = split_hashes(line, here)
         text = check_requirement(line, here)
         (out.constraints if constraints else out.requirements).append((text, here))
@@ -302,4 +342,61 @@ def dependency_groups(document: Mapping[str, Any], groups: Sequence[str], asked:
 
     for group in groups:
         visit(group, (), asked)
+    return found
+
+
+# --- local packages (-e ./pkg, -e .) ---------------------------------------------------------
+
+
+def local_packages(out: Gathered, root: Path, shown: Callable[[Path], str]) -> list[Extension]:
+    """The local packages the requirements files name, each recorded like an extension (its
+    directory relative to ``root``, its name, its source tree's sha256) and built from its
+    sources in the image build; their own requirements join ``out``: the chosen extras and
+    ``[project] dependencies`` of their pyproject.toml, and its ``[build-system] requires``
+    (the stage builds without isolation; setuptools for a setup.py without one)."""
+    import os
+
+    from envbuild.extensions.tree import PROJECT_DIR, extension
+
+    found: list[Extension] = []
+    for directory, extras, where in out.local:
+        relative = os.path.relpath(os.path.normpath(directory), root).replace(os.sep, "/")
+        if relative == ".." or relative.startswith("../"):
+            raise usage(where, f"local package {token(shown(directory))} lies outside the project",
+                        "a local package is a directory inside the project (its sources are hashed "
+                        "and built into the image)")
+        what = f"local package {quoted(relative)}"
+        try:
+            record = extension(root, relative, what)
+        except UsageError as exc:
+            raise usage(where, exc.message, exc.hint) from None
+        if any(e.dir == record.dir for e in found):
+            continue
+        found.append(record)
+        out.requirements += _own_requirements(root / relative if relative != PROJECT_DIR else root,
+                                              extras, where, relative)
+    return found
+
+
+def _own_requirements(directory: Path, extras: Sequence[str], where: Where,
+                      relative: str) -> list[tuple[str, Where]]:
+    from envbuild.project.toml import parse
+
+    pyproject = directory / "pyproject.toml"
+    shown = "pyproject.toml" if relative == "." else f"{relative}/pyproject.toml"
+    if not pyproject.is_file():  # setup.py alone: pip builds it with setuptools
+        return [("setuptools", where)]
+    try:
+        document = parse(read_regular(pyproject, shown).decode("utf-8"), shown)
+    except UnicodeDecodeError:
+        raise usage(f"{shown}:1", "not UTF-8 text") from None
+    project = document.get("project", {})
+    build = document.get("build-system", {})
+    if not isinstance(project, dict) or not isinstance(build, dict):
+        raise usage(shown, "[project] and [build-system] must be tables")
+    here = f"{shown}: build-system.requires"
+    found = [(check_requirement(t, here), here)
+             for t in _strings(build.get("requires", ["setuptools"]), here)]
+    if project:
+        found += project_dependencies(project, extras, where, lambda p: f"{shown}: {'.'.join(map(str, p))}")
     return found
