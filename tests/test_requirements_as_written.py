@@ -191,3 +191,22 @@ def test_a_local_package_that_cannot_be_built_is_one_line(tmp_path: Path, line: 
     with pytest.raises(UsageError) as caught:
         load_project(None, tmp_path / "p")
     assert f"r.txt:2: {problem}" in caught.value.one_line()
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("thing @ git+https://127.0.0.1/repo.git@v1", "VCS requirement"),
+    ("thing @ https://127.0.0.1/thing-1.0.tar.gz#sha256=" + "a" * 64, "does not name a wheel (.whl)"),
+])
+def test_what_stays_unsupported_names_file_line_and_the_way_out(tmp_path: Path, line: str,
+                                                                problem: str) -> None:
+    """H54: a VCS requirement and a source archive by URL are not locked yet: one line naming the
+    file and line, whose way out is a checkout in the project named as a local package (H53)."""
+    from envbuild.errors import UsageError
+
+    (tmp_path / "envbuild.toml").write_text('requirements = ["r.txt"]\n')
+    (tmp_path / "r.txt").write_text(f"idna\n{line}\n")
+    with pytest.raises(UsageError) as caught:
+        load_project(None, tmp_path)
+    message = caught.value.one_line()
+    assert "r.txt:2: " in message and problem in message and "(-e ./dir)" in message
+    assert "\n" not in message.rstrip("\n")

@@ -35,6 +35,8 @@ VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
 _NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
+_HINT_VCS = ("a VCS source is not locked by commit yet: check it out at the commit into the project and "
+             "name the directory (-e ./dir), or build its wheel (pip wheel URL) into a find-links directory")
 _HINT_OUTSIDE = "requirements files must lie inside the project's directory"
 MAX_INCLUDE_DEPTH = 64  # nested -r includes
 MAX_FILES = 1000  # requirements files in all
@@ -93,7 +95,7 @@ def check_requirement(text: str, where: Where) -> str:
         raise usage(where, f"editable requirement {quoted(text)} is not allowed", _HINT_INDEX)
     lowered = text.lower()
     if lowered.startswith(VCS_SCHEMES):
-        raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_INDEX)
+        raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_VCS)
     if lowered.startswith("file:") or text.startswith((".", "/", "~")):
         raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
@@ -119,8 +121,9 @@ def check_requirement(text: str, where: Where) -> str:
     if requirement.url is not None:
         url = requirement.url.lower()
         if url.startswith(VCS_SCHEMES) or url.startswith("file:"):
-            kind = "VCS" if url.startswith(VCS_SCHEMES) else "local path"
-            raise usage(where, f"{kind} requirement {quoted(text)} is not allowed", _HINT_INDEX)
+            vcs = url.startswith(VCS_SCHEMES)
+            raise usage(where, f"{'VCS' if vcs else 'local path'} requirement {quoted(text)} is not allowed",
+                        _HINT_VCS if vcs else _HINT_INDEX)
         direct_wheel(text, where)  # an https wheel for this project, or a UsageError saying why
     return text
 
