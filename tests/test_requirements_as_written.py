@@ -171,6 +171,13 @@ def test_a_setup_py_package_is_built_with_setuptools(tmp_path: Path) -> None:
     (tmp_path / "lib" / "setup.py").write_text("")
     loaded = load_project(None, tmp_path)
     assert loaded.dependencies == ("setuptools",) and [e.dir for e in loaded.extensions] == ["lib"]
+    # the project's own package, setup.py alone: named after the project's directory, not '.'
+    (tmp_path / "My_Proj").mkdir()
+    (tmp_path / "My_Proj" / "envbuild.toml").write_text('requirements = ["r.txt"]\n')
+    (tmp_path / "My_Proj" / "r.txt").write_text(".\n")
+    (tmp_path / "My_Proj" / "setup.py").write_text("")
+    own = load_project(None, tmp_path / "My_Proj").extensions
+    assert [(e.dir, e.name) for e in own] == [(".", "my-proj")]
 
 
 @pytest.mark.parametrize(("line", "problem"), [

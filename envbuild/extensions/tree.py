@@ -153,4 +153,5 @@ def distribution_name(files: dict[str, bytes], directory: str) -> str:
 def extension(root: Path, directory: str, what: str) -> Extension:
     """The lock's record of the extension in ``root / directory``."""
     files = source_tree(root, check_dir(directory, what), what)
-    return Extension(dir=directory, name=distribution_name(files, directory), sha256=tree_sha256(files))
+    named = directory if directory != PROJECT_DIR else Path(os.path.realpath(root)).name  # "." names nothing
+    return Extension(dir=directory, name=distribution_name(files, named), sha256=tree_sha256(files))
