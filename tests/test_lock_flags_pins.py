@@ -73,6 +73,17 @@ def test_a_torch_flag_outside_the_pin_is_one_line_and_the_fix_keeps_the_pin(
     assert fixes and all(Version(v) in SpecifierSet(PIN) for v in fixes), err
 
 
+def test_a_pin_no_release_meets_is_one_line(tmp_path: Path, indexes: str, env: dict[str, str],  # noqa: F811
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(pinned_project(tmp_path, indexes))
+    (tmp_path / "envbuild.toml").write_text((tmp_path / "envbuild.toml").read_text().replace(PIN, "<1"))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 3, err
+    assert "no torch release the data knows satisfies the project's requirement torch<1" in err
+    assert "1.13.0" not in err
+
+
 def test_flags_are_recorded_and_lock_check_uses_and_names_them(
         tmp_path: Path, indexes: str, env: dict[str, str], capsys: pytest.CaptureFixture[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:

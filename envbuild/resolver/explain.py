@@ -60,11 +60,14 @@ def _pin_clash(request: Request, matrix: Matrix | Index) -> list[str]:
     from envbuild.resolver.index import Index, index_of
 
     flag, pin = request.torch, request.project_torch
-    if flag is None or pin is None:
+    if pin is None:
         return []
     ix = matrix if isinstance(matrix, Index) else index_of(matrix)
-    if any(flag.admits(r["torch"]) and pin.admits(r["torch"]) for r in ix.rows("torch_variants")):
+    if any((flag is None or flag.admits(r["torch"])) and pin.admits(r["torch"])
+           for r in ix.rows("torch_variants")):
         return []
+    if flag is None:
+        return [f"no torch release the data knows satisfies the project's requirement torch{pin.spec}"]
     return [f"the stack's torch {flag.text} (--torch, or the project's 'torch' key) and the project's "
             f"requirement torch{pin.spec} admit no release in common"]
 
