@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from schemas import check
 from test_lock_command import BASE, env, indexes, project, run  # noqa: F401 (fixtures)
 
 PIN = ">=2.11.0,<=2.12.0"
@@ -93,7 +94,9 @@ def test_flags_are_recorded_and_lock_check_uses_and_names_them(
     monkeypatch.chdir(project(tmp_path, indexes))
     code, out, err = run(capsys, env, "lock", "--base-image", other, "--pip-package", "idna", "--json")
     assert code == 0, err
-    assert json.loads(out)["flags"] == [f"--base-image={other}", "--pip-package=idna"]
+    document = json.loads(out)
+    check("lock.schema.json", document)
+    assert document["flags"] == [f"--base-image={other}", "--pip-package=idna"]
     data = json.loads((tmp_path / "envbuild.lock").read_text())
     assert data["flags"] == [f"--base-image={other}", "--pip-package=idna"]
     assert data["targets"]["default"]["base_image"] == other
