@@ -108,7 +108,7 @@ def test_init_bad_flags_exit_2_and_write_nothing(tmp_path: Path, argv: list[str]
 
 def test_init_refuses_a_requirements_file_the_loader_would_refuse(tmp_path: Path) -> None:
     """What init writes must load: a bad requirements file is refused now (exit 2, nothing written)."""
-    (tmp_path / "r.txt").write_text("-e .\n")
+    (tmp_path / "r.txt").write_text("-e git+https://127.0.0.1/r.git#egg=r\n")  # -e . is read since H53
     done = cli(tmp_path, "--requirements", "r.txt")
     assert done.returncode == 2
     assert "r.txt:1: editable requirement" in done.stderr

@@ -325,6 +325,8 @@ def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> 
     assert caught.value.exit_code == 4
     assert line.startswith("envbuild: error[data]: uv could not lock the closure: ")
     assert "s3cret" not in line and "\n" not in line
+    # item 7 of issue 37: the index it tried is named, its password masked
+    assert f"was given: http://***@127.0.0.1:{port}/simple (the project's dependencies)" in line
 
 
 @pytest.mark.parametrize("requirement", ["requests>=", "pkg @ http://x.invalid/pkg-1.0-py3-none-any.whl",

@@ -107,12 +107,23 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
             raise UsageError("--stack-only cannot lock a project's dependencies",
                              hint="drop --stack-only, or pass --no-project")
         return _stack_only(args, env, path, out)
+    from envbuild.commands.lockflags import given, names_a_stack
+
+    if project is None and not args.check and not args.no_project:
+        if not names_a_stack(given(args)):
+            _no_project_here()
+        progress("lock: no project file here: locking the stack and packages the flags name")
     matrix = load_matrix(args, env)
-    plans = _plans(args, project)
     if args.check:
-        return _check(args, env, matrix, plans, project, path, out, index)
-    lockset = _lock_all(args, env, matrix, plans, project, index, previous=_previous(path))
-    _write(path, lockset, out, as_json=args.json)
+        return _check(args, env, matrix, project, path, out, index)
+
+    previous = _previous(path)
+    flags = given(args)
+    if previous is not None and previous.flags and previous.flags != flags:
+        warn(f"{path} was locked with {' '.join(previous.flags)}; this lock is made with "
+             f"{' '.join(flags) or 'no flags'} (give them again to keep them)")
+    lockset = _lock_all(args, env, matrix, _plans(args, project), project, index, previous=previous)
+    _write(path, replace(lockset, flags=flags), out, as_json=args.json)
     return 0
 
 
@@ -157,6 +168,19 @@ def _project(args: argparse.Namespace) -> Project | None:
     return load_project(Path(args.project) if args.project else None, cwd)
 
 
+def _no_project_here() -> None:
+    """A bare ``lock`` with no project file: locking a default stack of nothing is not what
+    anyone asked for, so it says which file it looked for (exit 2)."""
+    from envbuild.project.config import find_project_file
+
+    try:
+        find_project_file(None, Path.cwd())
+    except UsageError as exc:
+        raise UsageError(exc.message, hint=f"{exc.hint}, or lock from flags alone: name the stack and "
+                                           "packages (--driver, --gpu, --torch, --pip-package …) "
+                                           "or pass --no-project") from None
+
+
 def _plans(args: argparse.Namespace, project: Project | None) -> list[_Plan]:
     """One plan per target; flags override the file's values."""
     from envbuild.render.lockset import DEFAULT_TARGET
@@ -191,16 +215,22 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
 
 
 def _torch_spec(args: argparse.Namespace, constraints: Sequence[str]) -> argparse.Namespace:
-    """The project's own torch requirements narrow the stack's torch, so the resolver (and its
-    explanation of a conflict) sees them; torchvision/torchaudio ones go to uv."""
+    """The project's own torch requirements narrow the stack's torch beside ``--torch`` (which
+    keeps its own forms: ``2.12.1``, ``2.12``, ``==2.12.1``), so the resolver sees them and no
+    way out it offers breaks them; torchvision/torchaudio ones go to uv."""
     from packaging.requirements import Requirement
 
     requirements = [Requirement(c) for c in constraints]
     specs = [str(r.specifier) for r in requirements if r.name.lower() == "torch" and r.specifier]
+    return _project_torch(args, specs)
+
+
+def _project_torch(args: argparse.Namespace, specs: Sequence[str]) -> argparse.Namespace:
     if not specs:
         return args
     ns = argparse.Namespace(**vars(args))
-    ns.torch = ",".join(([args.torch] if args.torch else []) + specs)
+    ns.project_torch = ",".join(([args.project_torch] if getattr(args, "project_torch", None) else [])
+                                + list(specs))
     return ns
 
 
@@ -233,9 +263,7 @@ def _extension_spec(args: argparse.Namespace, dependencies: Sequence[str]) -> tu
                          f"(torch {', '.join(t.strip('=.*') for t in torch) or 'any'}; CUDA "
                          f"{', '.join(majors) or 'any'}): {', '.join(origins)}",
                          hint="pick wheels built for one torch and one CUDA major")
-    ns = argparse.Namespace(**vars(args))
-    if torch:
-        ns.torch = ",".join(([args.torch] if args.torch else []) + torch)
+    ns = _project_torch(argparse.Namespace(**vars(args)), torch)
     if majors:
         if args.cuda and not str(args.cuda).split(".")[0] == majors[0]:
             raise UsageError(f"--cuda {args.cuda}: the extension wheels need CUDA {majors[0]} "
@@ -358,6 +386,12 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
+    if project is not None and project.hashes:
+        from envbuild.pylock.files import read_pylock
+        from envbuild.pylock.hashed import check_hashed
+
+        check_hashed(read_pylock(closure.pylock_text), project.hashes, python=spec.python,
+                     glibc=spec.glibc, sdists=project.build_sdists)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -395,6 +429,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
         installer=None if installer_choice(args, project) == "pip" else "uv",
         no_binary=() if project is None else project.build_sdists,
+        constraints=() if project is None else project.constraints,
         env=env,
     )
 
@@ -417,6 +452,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
             "installer": "pip" if spec.installer is None else "uv"}
     if spec.no_binary:  # only when set: the fingerprint of a lock without them stays as it was
         data["no_binary"] = list(spec.no_binary)
+    if spec.constraints:  # likewise
+        data["constraints"] = list(spec.constraints)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -469,19 +506,24 @@ def _write_files(path: Path, lock: bytes, beside: Mapping[str, bytes]) -> None:
         raise UsageError(f"cannot write to {exc.filename}: {exc.strerror}") from None
 
 
-def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
-           project: Project | None, path: Path, out: Out, index: Callable[[], str]) -> int:
+def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
+           path: Path, out: Out, index: Callable[[], str]) -> int:
     """Stale when: no lock, another project input, another target set, another stack or option
     from today's matrices, or a pylock file that no longer matches. Nothing is asked of uv or
-    a registry, so it runs offline in CI."""
+    a registry, so it runs offline in CI. The lock's recorded flags are checked with, unless
+    result-changing flags are given (then those)."""
+    from envbuild.commands.lockflags import applied, command, given
     from envbuild.render.lockset import read_lockset
 
     if not path.is_file():
-        raise StaleLock(f"{path} does not exist", hint="run 'envbuild lock'")
+        raise StaleLock(f"{path} does not exist", hint=f"run '{command(given(args))}'")
     try:
         lockset = read_lockset(path)
     except UsageError as exc:
-        raise StaleLock(f"{path}: {exc.message}", hint="run 'envbuild lock'") from None
+        raise StaleLock(f"{path}: {exc.message}", hint=f"run '{command(given(args))}'") from None
+    if not given(args) and lockset.flags:
+        args = applied(args, lockset.flags)
+    plans = _plans(args, project)
     reasons: list[str] = []
     digest = None if project is None else project.inputs_digest
     locked_digest = None if lockset.project is None else lockset.project.inputs_sha256
@@ -514,7 +556,7 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
-                        hint="run 'envbuild lock' and commit the result")
+                        hint=f"run '{command(given(args))}' and commit the result")
     out(f"{path} is up to date ({len(lockset.targets)} target{'s' if len(lockset.targets) != 1 else ''})")
     from envbuild.commands.built import describe
 

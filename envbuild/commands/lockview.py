@@ -93,7 +93,7 @@ def lock_json(path: Path, lockset: LockSet, before: Mapping[str, bytes | None]) 
     return json.dumps({"schema": SCHEMA, "output": str(path),
                        "changed": any(f["changed"] for f in written),
                        "targets": [_target(name, lock) for name, lock in sorted(lockset.targets.items())],
-                       "files": written}, indent=2)
+                       "files": written, "flags": list(lockset.flags)}, indent=2)
 
 
 def _target(name: str, lock: Lock) -> dict[str, object]:

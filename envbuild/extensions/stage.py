@@ -19,7 +19,7 @@ from typing import Any
 from envbuild.confine import quoted
 from envbuild.errors import StaleLock, UsageError
 from envbuild.extensions.record import BuildKey
-from envbuild.extensions.tree import Extension, source_tree, tree_sha256
+from envbuild.extensions.tree import Extension, context_dir, source_tree, tree_sha256
 
 CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
 STAGE = "envbuild-extensions"
@@ -45,7 +45,7 @@ def context_files(extensions: Sequence[Extension], root: Path | None) -> dict[st
         if tree_sha256(tree) != ext.sha256:
             raise StaleLock(f"{what}: its sources changed since the lock (their sha256 differs)",
                             hint="run 'envbuild lock' and commit the result")
-        files.update({f"{CONTEXT_DIR}/{ext.dir}/{name}": data for name, data in tree.items()})
+        files.update({f"{CONTEXT_DIR}/{context_dir(ext.dir)}/{name}": data for name, data in tree.items()})
     return files
 
 
@@ -77,7 +77,7 @@ def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_lis
         "extension_stage": STAGE if extensions or sdists else None,
         "extension_sdists": sdists,
         "extension_recorded": recorded,
-        "extension_dirs": [shlex.quote(f"{SOURCES}/{e.dir}") for e in extensions],
+        "extension_dirs": [shlex.quote(f"{SOURCES}/{context_dir(e.dir)}") for e in extensions],
         "extension_apt": sorted(BUILD_APT + (() if standalone else HEADERS_APT)),
         "extension_sources": SOURCES,
         "torch_cuda_arch_list": torch_cuda_arch_list(cuda, arch_list),

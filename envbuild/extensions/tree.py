@@ -6,6 +6,11 @@ link is refused, never followed: it could pull any file of the machine into a bu
 with names a build context can carry, at most ``MAX_FILES`` files and ``MAX_BYTES`` bytes.
 Build leftovers (``build/``, ``dist/``, ``*.egg-info``, ``__pycache__``, ``.git``) are passed
 over: they are not sources. The sha256 covers each file's relative path and bytes, sorted.
+
+``.`` is the project's own package (``-e .`` in a requirements file): the project's directory,
+less what at its top is no source of it: hidden entries, envbuild's own files (the lock, its
+pylock files, the built-wheel record) and directories holding an ``envbuild.lock`` (a rendered
+build context) or a ``pyvenv.cfg`` (a virtual environment).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.+=@-]{1,128}", re.ASCII)
 _SKIPPED = frozenset({".git", "__pycache__", "build", "dist", ".eggs"})
 _PROJECT_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?", re.ASCII)
 HINT = "a directory inside the project holding a pyproject.toml or setup.py"
+PROJECT_DIR = "."  # the project's own package
+_OUTPUTS = re.compile(r"envbuild\.lock|envbuild\.built\.json|pylock(?:\.[^/]+)?\.toml", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +55,8 @@ class Extension:
 
 def check_dir(text: str, what: str) -> str:
     """``text`` as a declared extension directory, else UsageError naming ``what``."""
+    if text == PROJECT_DIR:
+        return text
     if len(text) > 200 or not DIR_RE.fullmatch(text):
         raise UsageError(f"{what}: {quoted(text)} is not a plain relative directory",
                          hint="a path relative to the project file: letters, digits, _ + - . and /, "
@@ -62,18 +71,34 @@ def source_tree(root: Path, directory: str, what: str) -> dict[str, bytes]:
         problem = "does not exist" if not base.exists() else "is not a directory"
         raise UsageError(f"{what} {problem}", hint=HINT)
     files: dict[str, bytes] = {}
-    _walk(base, "", files, what)
+    _walk(base, "", files, what, top=directory == PROJECT_DIR)
     if not any(isinstance(files.get(m), bytes) for m in MARKERS):
         raise UsageError(f"{what} holds neither pyproject.toml nor setup.py",
                          hint="an extension is a Python project: add its pyproject.toml or setup.py")
     return dict(sorted(files.items()))
 
 
-def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str) -> None:
+def context_dir(directory: str) -> str:
+    """Where an extension's sources lie in the build context (under ``extensions/``) and the
+    stage: its directory, the project's own package under ``+project`` (no declared directory
+    starts with ``+``)."""
+    return "+project" if directory == PROJECT_DIR else directory
+
+
+def _not_source(entry: os.DirEntry[str]) -> bool:
+    """At the top of the project's own directory: what is no source of its package."""
+    if entry.name.startswith(".") or _OUTPUTS.fullmatch(entry.name):
+        return True
+    path = Path(entry.path)
+    return entry.is_dir(follow_symlinks=False) and any(
+        (path / marker).is_file() for marker in ("envbuild.lock", "pyvenv.cfg"))
+
+
+def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str, *, top: bool = False) -> None:
     with os.scandir(directory) as entries:
         ordered = sorted(entries, key=lambda e: e.name)
     for entry in ordered:
-        if entry.name in _SKIPPED or entry.name.endswith(".egg-info"):
+        if entry.name in _SKIPPED or entry.name.endswith(".egg-info") or (top and _not_source(entry)):
             continue
         shown = f"{what}: {token(prefix + entry.name)}"
         if not _NAME_RE.fullmatch(entry.name):
@@ -128,4 +153,5 @@ def distribution_name(files: dict[str, bytes], directory: str) -> str:
 def extension(root: Path, directory: str, what: str) -> Extension:
     """The lock's record of the extension in ``root / directory``."""
     files = source_tree(root, check_dir(directory, what), what)
-    return Extension(dir=directory, name=distribution_name(files, directory), sha256=tree_sha256(files))
+    named = directory if directory != PROJECT_DIR else Path(os.path.realpath(root)).name  # "." names nothing
+    return Extension(dir=directory, name=distribution_name(files, named), sha256=tree_sha256(files))

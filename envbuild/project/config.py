@@ -374,6 +374,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     sources: list[tuple[Path, bytes]] = [(path, data if data is not None else text.encode())]
     targets = _targets(reader, table)
     gathered = _dependencies(reader, table, document if is_pyproject else None, root, cwd, sources)
+    local = reqs.local_packages(gathered, root, lambda p: shown_path(p, cwd))
     dependencies, torch_constraints = gathered.split()
     env = reader.string_table("env")
     env_pairs = []
@@ -397,6 +398,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
     find_links = _find_links(reader, table, root, cwd)
     extensions = _extensions(reader, table, root)
+    extensions += tuple(e for e in local if all(e.dir != d.dir for d in extensions))
+    _distinct_names(extensions)
     build_sdists = _build_sdists(reader, table, dependencies)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
@@ -412,6 +415,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         companions=reader.boolean(table, "companions", [], True),
         compile_toolchain=reader.boolean(table, "compile-toolchain", [], True),
         dependencies=dependencies, torch_constraints=torch_constraints,
+        constraints=gathered.constraint_lines(), hashes=tuple(gathered.hashes),
         apt_packages=reader.strings(table, "apt-packages", []), env=tuple(env_pairs),
         user=reader.string(table, "user", []) or "envbuild",
         base_image=reader.string(table, "base-image", []),
@@ -557,6 +561,17 @@ def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
                                                  "(the same directory or distribution name)")
         found.append(record)
     return tuple(found)
+
+
+def _distinct_names(extensions: Sequence[Extension]) -> None:
+    """Two directories (declared, or local packages of the requirements) that build one
+    distribution name would install it twice."""
+    seen: dict[str, str] = {}
+    for e in extensions:
+        if e.name in seen:
+            raise UsageError(f"{quoted(seen[e.name])} and {quoted(e.dir)} both build {quoted(e.name)}",
+                             hint="keep one of them (extensions, or the -e line of a requirements file)")
+        seen[e.name] = e.dir
 
 
 def _build_sdists(reader: _Reader, table: Mapping[str, Any], dependencies: Sequence[str]) -> tuple[str, ...]:

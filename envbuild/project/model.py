@@ -44,6 +44,10 @@ class Project:
     compile_toolchain: bool = True  # compile-toolchain: what torch.compile needs at run time
     dependencies: tuple[str, ...] = ()
     torch_constraints: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()  # from -c files: uv's constraints (torch's narrow the stack)
+    # (canonical name, FILE:LINE, sha256s): a requirements file's --hash options, checked
+    # against the files locked (envbuild/pylock/hashed.py)
+    hashes: tuple[tuple[str, str, frozenset[str]], ...] = ()
     apt_packages: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     user: str = "envbuild"

@@ -3,12 +3,14 @@
 Sources: ``[project.dependencies]`` of a pyproject.toml, its chosen extras
 (``[project.optional-dependencies]``) and dependency groups (PEP 735
 ``[dependency-groups]``, ``{include-group = ...}`` followed), requirements files (``-r``
-includes relative to the including file, each file read once), and extra PEP 508 strings
-from the project file. Every requirement names a package on an index, or is an https wheel
-(``name @ https://…/name-version-tags.whl``, envbuild/pylock/direct.py): editable installs,
-local paths, VCS, other direct URLs and pip options other than ``-r`` are refused, naming
-the file and line. torch, torchvision and torchaudio are set aside as
-constraints on the stack rather than dependencies.
+includes relative to the including file, each file read once; ``-c`` constraints files,
+handed to uv as constraints; ``--hash=sha256:`` options, checked against the files locked),
+and extra PEP 508 strings from the project file. Every requirement names a package on an
+index, or is an https wheel (``name @ https://…/name-version-tags.whl``,
+envbuild/pylock/direct.py): editable installs, local paths, VCS, other direct URLs and pip
+options other than ``-r``/``-c``/``--hash`` are refused, naming the file and line. torch,
+torchvision and torchaudio are set aside as constraints on the stack rather than dependencies
+(a constraint on torch narrows the stack too).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
+from envbuild.extensions.tree import Extension
 from envbuild.pylock.direct import direct_wheel
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
@@ -32,6 +35,8 @@ VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
 _NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
+_HINT_VCS = ("a VCS source is not locked by commit yet: check it out at the commit into the project and "
+             "name the directory (-e ./dir), or build its wheel (pip wheel URL) into a find-links directory")
 _HINT_OUTSIDE = "requirements files must lie inside the project's directory"
 MAX_INCLUDE_DEPTH = 64  # nested -r includes
 MAX_FILES = 1000  # requirements files in all
@@ -51,6 +56,11 @@ class Gathered:
 
     requirements: list[tuple[str, Where]] = field(default_factory=list)
     files: list[tuple[Path, bytes]] = field(default_factory=list)
+    constraints: list[tuple[str, Where]] = field(default_factory=list)  # from -c files
+    # (canonical name, where, the sha256s a --hash option allows): pip-compile's output
+    hashes: list[tuple[str, Where, frozenset[str]]] = field(default_factory=list)
+    # local packages (-e ./pkg, ./pkg, -e .): (directory, extras, where), built like extensions
+    local: list[tuple[Path, tuple[str, ...], Where]] = field(default_factory=list)
 
     def split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(dependencies, torch constraints): exact duplicates dropped, each sorted."""
@@ -62,7 +72,18 @@ class Gathered:
             found = _NAME_RE.match(text)
             name = canonicalize_name(found.group(0) if found else Requirement(text).name)
             (torch if name in TORCH_NAMES else deps).add(text)
+        # a constraint on torch is a requirement on the stack's torch: it narrows it
+        torch |= {text for text, _ in self.constraints if _name(text) == "torch"}
         return tuple(sorted(deps)), tuple(sorted(torch))
+
+    def constraint_lines(self) -> tuple[str, ...]:
+        """The constraints uv gets (torch's narrow the stack instead), sorted, once each."""
+        return tuple(sorted({text for text, _ in self.constraints if _name(text) != "torch"}))
+
+
+def _name(text: str) -> str:
+    found = _NAME_RE.match(text)
+    return canonicalize_name(found.group(0) if found else Requirement(text).name)
 
 
 def check_requirement(text: str, where: Where) -> str:
@@ -74,7 +95,7 @@ def check_requirement(text: str, where: Where) -> str:
         raise usage(where, f"editable requirement {quoted(text)} is not allowed", _HINT_INDEX)
     lowered = text.lower()
     if lowered.startswith(VCS_SCHEMES):
-        raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_INDEX)
+        raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_VCS)
     if lowered.startswith("file:") or text.startswith((".", "/", "~")):
         raise usage(where, f"local path requirement {quoted(text)} is not allowed", _HINT_INDEX)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
@@ -100,8 +121,9 @@ def check_requirement(text: str, where: Where) -> str:
     if requirement.url is not None:
         url = requirement.url.lower()
         if url.startswith(VCS_SCHEMES) or url.startswith("file:"):
-            kind = "VCS" if url.startswith(VCS_SCHEMES) else "local path"
-            raise usage(where, f"{kind} requirement {quoted(text)} is not allowed", _HINT_INDEX)
+            vcs = url.startswith(VCS_SCHEMES)
+            raise usage(where, f"{'VCS' if vcs else 'local path'} requirement {quoted(text)} is not allowed",
+                        _HINT_VCS if vcs else _HINT_INDEX)
         direct_wheel(text, where)  # an https wheel for this project, or a UsageError saying why
     return text
 
@@ -129,10 +151,67 @@ def logical_lines(text: str) -> Iterable[tuple[int, str]]:
         yield start, " ".join(p for p in pending if p)
 
 
+_INCLUDE_RE = re.compile(r"(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)")
+_HASH_RE = re.compile(r"\s+--hash(?:\s*=\s*|\s+)(\S*)")
+_SHA256_RE = re.compile(r"sha256:([0-9a-fA-F]{64})")
+
+
+_EDITABLE_RE = re.compile(r"(?:-e|--editable)(?:\s*=\s*|\s+)(\S+)")
+_EXTRAS_RE = re.compile(r"(?P<path>[^\[\]]+?)(?:\[(?P<extras>[A-Za-z0-9._,\s-]*)\])?")
+_ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
+
+
+def local_package(line: str, where: Where) -> tuple[str, tuple[str, ...]] | None:
+    """``-e ./pkg``, ``-e .[gpu]``, ``./pkg``, ``.``: (the directory as written, its extras),
+    or None for anything else. A local package is built from its source tree like an
+    extension; an editable VCS or URL requirement, or an absolute path, is refused here."""
+    editable = _EDITABLE_RE.fullmatch(line)
+    value = editable.group(1) if editable else line
+    lowered = value.lower()
+    if "://" in value or lowered.startswith((*VCS_SCHEMES, "file:")):
+        if editable:
+            raise usage(where, f"editable requirement {quoted(line)} is not a local directory",
+                        "an editable install is a directory of the project (-e ./pkg); for a VCS "
+                        "or URL source, build its wheel (pip wheel) into a find-links directory")
+        return None
+    if not editable and not (value.startswith(".") or ("/" in value and "@" not in value
+                                                       and " " not in value)):
+        return None
+    if lowered.endswith(_ARCHIVES):
+        return None  # a local file: check_requirement refuses it with its way out
+    if value.startswith(("/", "~")):
+        raise usage(where, f"local package {quoted(value)} is not relative to the requirements file",
+                    "name a directory inside the project, relative to the file (-e ./pkg)")
+    found = _EXTRAS_RE.fullmatch(value)
+    if found is None:
+        raise usage(where, f"invalid local package {quoted(value)}", "write -e ./pkg or -e ./pkg[extra]")
+    extras = tuple(e.strip() for e in (found.group("extras") or "").split(",") if e.strip())
+    return found.group("path"), extras
+
+
+def split_hashes(line: str, where: Where) -> tuple[str, frozenset[str]]:
+    """``name==1.0 --hash=sha256:… --hash=sha256:…`` (pip-compile's output, continuation
+    lines joined): the requirement and the sha256s it allows. Another algorithm, or a
+    malformed digest, is refused: only sha256 is what a lock records."""
+    found = _HASH_RE.findall(line)
+    if not found:
+        return line, frozenset()
+    shas = set()
+    for value in found:
+        match = _SHA256_RE.fullmatch(value)
+        if match is None:
+            raise usage(where, f"--hash {quoted(value[:80])} is not sha256:<64 hex digits>",
+                        "envbuild checks sha256 only: regenerate with pip-compile --generate-hashes")
+        shas.add(match.group(1).lower())
+    return _HASH_RE.sub("", line).strip(), frozenset(shas)
+
+
 def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gathered,
-                           seen: set[Path], where: Where, roots: Sequence[Path], depth: int = 0) -> None:
+                           seen: set[Path], where: Where, roots: Sequence[Path], depth: int = 0,
+                           *, constraints: bool = False) -> None:
     """Add ``path``'s requirements (and its ``-r`` includes) to ``out``; ``where`` names
-    the line that asked for the file, for a missing one. The file must lie inside ``roots``
+    the line that asked for the file, for a missing one; ``constraints``: a ``-c`` file, whose
+    lines (and ``-r`` includes) constrain and require nothing. The file must lie inside ``roots``
     (links resolved) and be a regular file of bounded size. A file already read is skipped,
     so include cycles end; includes nest at most ``MAX_INCLUDE_DEPTH`` deep, and at most
     ``MAX_FILES`` files are read."""
@@ -155,14 +234,24 @@ def read_requirements_file(path: Path, shown: Callable[[Path], str], out: Gather
         raise usage(f"{token(shown(path))}:1", "not UTF-8 text") from None
     for number, line in logical_lines(text):
         here = f"{token(shown(path))}:{number}"
-        include = re.fullmatch(r"(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^\s=]))(\S+)", line)
+        include = _INCLUDE_RE.fullmatch(line)
         if include:
-            read_requirements_file(path.parent / include.group(1), shown, out, seen, here, roots,
-                                   depth + 1)
+            constraint = constraints or include.group(1) in ("-c", "--constraint")
+            read_requirements_file(path.parent / include.group(2), shown, out, seen, here, roots,
+                                   depth + 1, constraints=constraint)
             continue
-        if line.startswith(("-r", "--requirement")):
-            raise usage(here, f"malformed include {quoted(line)}", "write -r other.txt")
-        out.requirements.append((check_requirement(line, here), here))
+        if line.startswith(("-r", "--requirement", "-c", "--constraint")):
+            raise usage(here, f"malformed include {quoted(line)}",
+                        "write -r other.txt or -c constraints.txt")
+        local = None if constraints else local_package(line, here)
+        if local is not None:
+            out.local.append((path.parent / local[0], local[1], here))
+            continue
+        line, hashes = split_hashes(line, here)
+        text = check_requirement(line, here)
+        (out.constraints if constraints else out.requirements).append((text, here))
+        if hashes:
+            out.hashes.append((_name(text), here, hashes))
 
 
 # --- pyproject.toml: dependencies, extras, groups -------------------------------------------
@@ -256,4 +345,61 @@ def dependency_groups(document: Mapping[str, Any], groups: Sequence[str], asked:
 
     for group in groups:
         visit(group, (), asked)
+    return found
+
+
+# --- local packages (-e ./pkg, -e .) ---------------------------------------------------------
+
+
+def local_packages(out: Gathered, root: Path, shown: Callable[[Path], str]) -> list[Extension]:
+    """The local packages the requirements files name, each recorded like an extension (its
+    directory relative to ``root``, its name, its source tree's sha256) and built from its
+    sources in the image build; their own requirements join ``out``: the chosen extras and
+    ``[project] dependencies`` of their pyproject.toml, and its ``[build-system] requires``
+    (the stage builds without isolation; setuptools for a setup.py without one)."""
+    import os
+
+    from envbuild.extensions.tree import PROJECT_DIR, extension
+
+    found: list[Extension] = []
+    for directory, extras, where in out.local:
+        relative = os.path.relpath(os.path.normpath(directory), root).replace(os.sep, "/")
+        if relative == ".." or relative.startswith("../"):
+            raise usage(where, f"local package {token(shown(directory))} lies outside the project",
+                        "a local package is a directory inside the project (its sources are hashed "
+                        "and built into the image)")
+        what = f"local package {quoted(relative)}"
+        try:
+            record = extension(root, relative, what)
+        except UsageError as exc:
+            raise usage(where, exc.message, exc.hint) from None
+        if any(e.dir == record.dir for e in found):
+            continue
+        found.append(record)
+        out.requirements += _own_requirements(root / relative if relative != PROJECT_DIR else root,
+                                              extras, where, relative)
+    return found
+
+
+def _own_requirements(directory: Path, extras: Sequence[str], where: Where,
+                      relative: str) -> list[tuple[str, Where]]:
+    from envbuild.project.toml import parse
+
+    pyproject = directory / "pyproject.toml"
+    shown = "pyproject.toml" if relative == "." else f"{relative}/pyproject.toml"
+    if not pyproject.is_file():  # setup.py alone: pip builds it with setuptools
+        return [("setuptools", where)]
+    try:
+        document = parse(read_regular(pyproject, shown).decode("utf-8"), shown)
+    except UnicodeDecodeError:
+        raise usage(f"{shown}:1", "not UTF-8 text") from None
+    project = document.get("project", {})
+    build = document.get("build-system", {})
+    if not isinstance(project, dict) or not isinstance(build, dict):
+        raise usage(shown, "[project] and [build-system] must be tables")
+    here = f"{shown}: build-system.requires"
+    found = [(check_requirement(t, here), here)
+             for t in _strings(build.get("requires", ["setuptools"]), here)]
+    if project:
+        found += project_dependencies(project, extras, where, lambda p: f"{shown}: {'.'.join(map(str, p))}")
     return found

@@ -76,7 +76,8 @@ def direct_wheel(text: str, where: str) -> DirectWheel:
     except InvalidWheelFilename:
         raise UsageError(f"{where}: direct URL requirement {shown} does not name a wheel (.whl)",
                          hint="envbuild installs wheels only; an sdist or a source archive needs "
-                              "building: publish a wheel, or build it into a find-links directory") from None
+                              "building: publish a wheel, build it into a find-links directory, or "
+                              "unpack it into the project and name the directory (-e ./dir)") from None
     if not WHEEL_NAME.fullmatch(filename):
         raise UsageError(f"{where}: direct URL requirement {shown} has characters a wheel name never has",
                          hint=HINT)

@@ -98,6 +98,8 @@ class ClosureSpec:
     installer: str | None = None  # a uv version to pin as the build's installer; None: pip installs
     # Packages taken from their sdist (--no-binary NAME), to be built in the image's build stage.
     no_binary: tuple[str, ...] = ()
+    # The project's -c constraints files' lines: uv's --constraints for the closure's run.
+    constraints: tuple[str, ...] = ()
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -312,12 +314,19 @@ def _known_names(spec: ClosureSpec) -> list[str]:
     return names
 
 
+USER_CONSTRAINTS = "project-constraints.txt"
+
+
 def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None) -> str:
     """uv's locking run of the whole closure, with hashes: the pylock's text."""
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
     command = run.command(OUTPUT, hashes=True)
+    if spec.constraints:
+        lines = _checked(spec.constraints, "constraint")
+        (work / USER_CONSTRAINTS).write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
+        command += ["--constraints", USER_CONSTRAINTS]
     if spec.upgrade:
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
@@ -498,10 +507,20 @@ def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
         meaningful = [line for line in lines if not _NOISE.match(line)]
         head = meaningful[-1] if meaningful else "no message"
     message = f"uv could not lock the closure: {head}" + (f": {tail}" if tail else "")
-    hint = "check the index URLs and the network"
+    hint = f"check the network and the index URLs uv was given: {_indexes_named(spec)}"
     if spec.offline:
         hint = "--offline uses uv's cache only: lock once with the network to fill it"
     return DataError(message, hint=hint)
+
+
+def _indexes_named(spec: ClosureSpec) -> str:
+    """The indexes a closure is resolved from, credentials masked, for an error that may be
+    theirs (which one uv could not reach, its message says when it says)."""
+    named = [f"{redact(spec.default_index)} (the project's dependencies)" if spec.default_index
+             else "pip's configured index (the project's dependencies)"]
+    if spec.torch_index and spec.torch_index != spec.default_index:
+        named.append(f"{redact(spec.torch_index)} (torch)")
+    return ", ".join(named)
 
 
 def _conflict(lines: list[str], spec: ClosureSpec) -> EnvbuildError:

@@ -10,6 +10,8 @@ Format (schema 2, JSON object, keys sorted):
   project   {"file": the project file's name, "inputs_sha256": digest of the project file and
             every requirements file it reads} or null (a lock made from flags alone)
   targets   {NAME: a per-target lock object (render/lock.py's format without "schema")}
+  flags     the flags given to ``lock`` that change the result, as ``--opt=value`` items
+            (commands/lockflags.py), which ``lock --check`` uses; only when there are any
 
 A schema-1 file (one stack-only lock at the top level) reads as one target named ``default``.
 An image carries a lock set holding only its own target.
@@ -49,6 +51,7 @@ class ProjectRef:
 class LockSet:
     targets: Mapping[str, Lock]
     project: ProjectRef | None = None
+    flags: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         targets: dict[str, dict[str, Any]] = {}
@@ -61,6 +64,8 @@ class LockSet:
                 "file": self.project.file, "inputs_sha256": self.project.inputs_sha256},
             "targets": targets,
         }
+        if self.flags:  # only when given: a lock made without flags keeps its bytes
+            data["flags"] = list(self.flags)
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
     def select(self, name: str | None) -> tuple[str, Lock]:
@@ -118,7 +123,7 @@ def from_json(text: str) -> LockSet:
         return LockSet(targets={DEFAULT_TARGET: lockmod.from_json(text)})
     if not isinstance(data, dict) or type(data.get("schema")) is not int or data["schema"] != SCHEMA:
         raise UsageError(f"not an envbuild lock of schema {lockmod.SCHEMA} or {SCHEMA}")
-    if set(data) != {"schema", "project", "targets"}:
+    if not {"schema", "project", "targets"} <= set(data) <= {"schema", "project", "targets", "flags"}:
         raise UsageError("lock has missing or unknown fields", hint="re-create the lock")
     targets = data["targets"]
     if not isinstance(targets, dict) or not targets:
@@ -135,7 +140,17 @@ def from_json(text: str) -> LockSet:
                 raise UsageError(f"two targets of the lock share {lock.pylock.file}")
             pylocks.add(lock.pylock.file)
         locks[name] = lock
-    return LockSet(targets=locks, project=_project(data["project"]))
+    return LockSet(targets=locks, project=_project(data["project"]), flags=_flags(data.get("flags", [])))
+
+
+def _flags(raw: Any) -> tuple[str, ...]:
+    """The recorded flags' shape: a list of ``--``-options, each one printable line (which
+    options and values are allowed, the command that applies them checks)."""
+    if not isinstance(raw, list) or len(raw) > 200 or not all(
+            isinstance(f, str) and f.startswith("--") and len(f) <= 2048 and f.isprintable() for f in raw):
+        raise UsageError("lock 'flags' must be a list of --options, each one printable line",
+                         hint="re-create the lock with 'envbuild lock'")
+    return tuple(raw)
 
 
 def _project(raw: Any) -> ProjectRef | None:

@@ -4,8 +4,8 @@ THE CHECK ORDER (``evaluate``); the first check that fails is the family's rejec
 1. host-level conflicts (``global_conflicts``: a GPU outside the driver's branch range, a
    variant that no release has) reject every family alike, before any family check;
 2. the user's own constraints (``check_user_constraints``), in this order: --torch
-   (release, then its +variant tag), --variant, the CPU wheel unless asked for, --cuda,
-   --cudnn, --python;
+   (release, the project's own torch requirement, then --torch's +variant tag), --variant,
+   the CPU wheel unless asked for, --cuda, --cudnn, --python;
 3. GPU architecture (``check_gpus``): every GPU named is in the wheel's arch list;
 4. driver (``runtime.driver_verdict``): native, minor-version or forward compatibility;
 5. base image and interpreter (``choose_base``): an Ubuntu whose glibc the wheel accepts,
@@ -46,6 +46,9 @@ def check_user_constraints(family: Family, ask: Request, ix: Index) -> Rejection
 
     if ask.torch and not ask.torch.admits(row["torch"]):
         return reject("torch", f"torch {row['torch']} does not match --torch {ask.torch}")
+    if ask.project_torch and not ask.project_torch.admits(row["torch"]):
+        return reject("torch", f"torch {row['torch']} does not match the project's "
+                               f"torch{ask.project_torch.spec}")
     if ask.torch and ask.torch.local and ask.torch.local != row["variant"]:
         return reject("torch", f"variant {row['variant']} is not +{ask.torch.local}")
     if ask.variant not in (None, "default") and ask.variant != row["variant"]:

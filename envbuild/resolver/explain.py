@@ -22,7 +22,7 @@ RELAXABLE: tuple[tuple[str, str], ...] = (
 
 
 def explain_failure(request: Request, matrix: Matrix | Index, resolution: Resolution) -> NoCompatibleStack:
-    conflicts = _conflict_lines(resolution)
+    conflicts = _pin_clash(request, matrix) or _conflict_lines(resolution)
     fixes = list(_verified_fixes(request, matrix))
     first = _headline(request, resolution) or (conflicts[0] if conflicts else
                                                "no stack in the data fits")
@@ -52,6 +52,24 @@ def _conflict_lines(resolution: Resolution) -> list[str]:
         if line not in lines:
             lines.append(line)
     return lines[:8]
+
+
+def _pin_clash(request: Request, matrix: Matrix | Index) -> list[str]:
+    """--torch and the project's own torch requirement admit no release in common: that one
+    line, not every family's mismatch (torch 1.13 against --torch 2.13 explains nothing)."""
+    from envbuild.resolver.index import Index, index_of
+
+    flag, pin = request.torch, request.project_torch
+    if pin is None:
+        return []
+    ix = matrix if isinstance(matrix, Index) else index_of(matrix)
+    if any((flag is None or flag.admits(r["torch"])) and pin.admits(r["torch"])
+           for r in ix.rows("torch_variants")):
+        return []
+    if flag is None:
+        return [f"no torch release the data knows satisfies the project's requirement torch{pin.spec}"]
+    return [f"the stack's torch {flag.text} (--torch, or the project's 'torch' key) and the project's "
+            f"requirement torch{pin.spec} admit no release in common"]
 
 
 def _headline(request: Request, resolution: Resolution) -> str | None:

@@ -27,7 +27,7 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 PIN_FIELDS = ("cuda_runtime", "cudnn", "nccl")  # the pins a wheel record may carry
 # Field orders (the values' __slots__): the order of reprs and of the JSON a stack writes.
 REQUEST_FIELDS = ("driver", "gpus", "torch", "python", "cuda", "cudnn", "ubuntu", "variant",
-                  "flavor", "package_index", "cpu_host")
+                  "flavor", "package_index", "cpu_host", "project_torch")
 STACK_FIELDS = ("torch", "torchvision", "torchaudio", "variant", "index_url", "cuda", "cudnn",
                 "nccl", "python", "ubuntu", "base_image", "base_cuda", "compat", "min_driver",
                 "flavor", "arch_list", "notes")
@@ -92,16 +92,19 @@ class Request(Value):
     flavor: Flavor
     package_index: str | None  # where "default" wheels come from
     cpu_host: bool  # --host found no NVIDIA driver and no GPU: CPU stacks are offered first
+    # The project's own torch requirement (its dependencies, an extension wheel's build): it
+    # narrows the stack like --torch, but no way out offered relaxes it.
+    project_torch: Requirement | None
 
     def __init__(self, *, driver: DriverVersion | None = None, gpus: tuple[GpuTarget, ...] = (),
                  torch: Requirement | None = None, python: Requirement | None = None,
                  cuda: Requirement | None = None, cudnn: Requirement | None = None,
                  ubuntu: str | None = None, variant: str | None = None,
                  flavor: Flavor = "runtime", package_index: str | None = None,
-                 cpu_host: bool = False) -> None:
+                 cpu_host: bool = False, project_torch: Requirement | None = None) -> None:
         self._set(driver=driver, gpus=tuple(gpus), torch=torch, python=python, cuda=cuda,
                   cudnn=cudnn, ubuntu=ubuntu, variant=variant, flavor=flavor,
-                  package_index=package_index, cpu_host=cpu_host)
+                  package_index=package_index, cpu_host=cpu_host, project_torch=project_torch)
 
 
 class Stack(Value):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 SELECTOR_FIELDS = ("driver", "host", "gpu", "arch", "datacenter", "torch", "python", "cuda", "cudnn",
-                   "ubuntu", "variant", "flavor", "index_url")
+                   "ubuntu", "variant", "flavor", "index_url", "project_torch")
 
 
 class Selectors:
@@ -47,16 +47,17 @@ class Selectors:
     variant: str | None
     flavor: Flavor  # runtime or devel: the CLI's choices
     index_url: str | None
+    project_torch: str | None  # a specifier set: the project's own torch requirement (lock)
 
     def __init__(self, *, driver: str | None = None, host: bool = False, gpu: Sequence[str] = (),
                  arch: Sequence[str] = (), datacenter: bool = False, torch: str | None = None,
                  python: str | None = None, cuda: str | None = None, cudnn: str | None = None,
                  ubuntu: str | None = None, variant: str | None = None, flavor: Flavor = "runtime",
-                 index_url: str | None = None) -> None:
+                 index_url: str | None = None, project_torch: str | None = None) -> None:
         self.driver, self.host, self.gpu, self.arch = driver, host, tuple(gpu), tuple(arch)
         self.datacenter, self.torch, self.python, self.cuda = datacenter, torch, python, cuda
         self.cudnn, self.ubuntu, self.variant, self.flavor = cudnn, ubuntu, variant, flavor
-        self.index_url = index_url
+        self.index_url, self.project_torch = index_url, project_torch
 
     @classmethod
     def of(cls, values: object) -> Selectors:
@@ -102,6 +103,7 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         flavor=args.flavor,
         package_index=args.index_url or env.get("PIP_INDEX_URL") or None,
         cpu_host=cpu_host,
+        project_torch=None if not args.project_torch else parse_requirement("torch", args.project_torch),
     )
 
 
