@@ -18,13 +18,14 @@ from envbuild.errors import SchedulerUnavailable
 from envbuild.fleet.plan import FleetTarget, RunOptions
 from envbuild.fleet.report import NODE_NAME_RE, NodeResult, node_result, sorted_nodes
 from envbuild.fleet.slurm import IMAGE_PYTHON
+from envbuild.render.lockset import kubernetes_name
 
 JOB_PREFIX = "envbuild-fleet-"
 MAX_LOG_BYTES = 4 << 20
 
 
 def job_name(target: FleetTarget) -> str:
-    return JOB_PREFIX + target.name.replace("_", "-")
+    return JOB_PREFIX + kubernetes_name(target.name)
 
 
 def command(target: FleetTarget, options: RunOptions) -> list[str]:
