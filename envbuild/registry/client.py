@@ -212,7 +212,7 @@ class RegistryClient:
                                   ("refresh_token", credentials.identity_token)]).encode()
                 url = urlunsplit((scheme, netloc, path, extra, ""))
                 return self._http.send("POST", url, {"Content-Type": "application/x-www-form-urlencoded"},
-                                       data=form, allow=allow)
+                                       data=form, allow=allow, secret_body=True)
             url = urlunsplit((scheme, netloc, path, "&".join(q for q in (extra, urlencode(query)) if q), ""))
             headers = {"Authorization": credentials.basic()} if credentials is not None else {}
             return self._http.send("GET", url, headers, allow=allow)
