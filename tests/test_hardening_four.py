@@ -124,7 +124,8 @@ def test_an_identity_token_never_follows_a_realm_redirect_to_another_origin(tmp_
     from envbuild.errors import DataError
     from envbuild.registry.client import RegistryClient
 
-    with recording_server(lambda m, p: (200, {"Content-Type": "application/json"}, TOKEN)) as (other, elsewhere):
+    answer = (200, {"Content-Type": "application/json"}, TOKEN)
+    with recording_server(lambda m, p: answer) as (other, elsewhere):
         def realm(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
             return status, {"Location": f"http://{other}/token?from=realm"}, b""
 
@@ -136,7 +137,8 @@ def test_an_identity_token_never_follows_a_realm_redirect_to_another_origin(tmp_
                                                  f'service="reg"'}, b""
 
             with recording_server(registry) as (host, seen_registry):
-                (tmp_path / "config.json").write_text(json.dumps({"auths": {host: {"identitytoken": SECRET}}}))
+                config = {"auths": {host: {"identitytoken": SECRET}}}
+                (tmp_path / "config.json").write_text(json.dumps(config))
                 client = RegistryClient(host, "a/b", env={"DOCKER_CONFIG": str(tmp_path)},
                                         certs_d=tmp_path / "none", daemon_json=tmp_path / "none.json")
                 try:
@@ -156,7 +158,8 @@ def test_an_identity_token_never_follows_a_realm_redirect_to_another_origin(tmp_
 @pytest.mark.parametrize(("status", "method", "body"), [
     (307, "POST", b"form"), (308, "POST", b"form"), (303, "GET", b""), (302, "GET", b""),
     (301, "GET", b"")])
-def test_redirects_of_a_post_follow_rfc_9110_within_one_origin(status: int, method: str, body: bytes) -> None:
+def test_redirects_of_a_post_follow_rfc_9110_within_one_origin(status: int, method: str,
+                                                                body: bytes) -> None:
     from envbuild.upstream.http_client import HttpClient
 
     def route(m: str, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -177,9 +180,79 @@ def test_redirects_of_a_post_follow_rfc_9110_within_one_origin(status: int, meth
 def test_a_manifest_put_redirected_elsewhere_keeps_its_body_but_not_the_token() -> None:
     from envbuild.upstream.http_client import HttpClient
 
-    with recording_server(lambda m, p: (201, {}, b"")) as (other, elsewhere):
-        with recording_server(lambda m, p: (307, {"Location": f"http://{other}/put"}, b"")) as (host, _):
-            HttpClient(env={}).send("PUT", f"http://{host}/v2/a/manifests/1",
-                                    {"Authorization": "Bearer T-registry", "Cookie": "s=1"}, data=b"{}")
+    with recording_server(lambda m, p: (201, {}, b"")) as (other, elsewhere), \
+            recording_server(lambda m, p: (307, {"Location": f"http://{other}/put"}, b"")) as (host, _):
+        HttpClient(env={}).send("PUT", f"http://{host}/v2/a/manifests/1",
+                                {"Authorization": "Bearer T-registry", "Cookie": "s=1"}, data=b"{}")
     assert [(s["method"], s["body"]) for s in elsewhere] == [("PUT", b"{}")]
     assert "Authorization" not in elsewhere[0]["headers"] and "Cookie" not in elsewhere[0]["headers"]
+
+
+# --- 5. a node passes only with what its tier requires; one sanitiser (docs/faults.md V15, V16)
+
+
+def _report(*checks: tuple[str, str], tiers: list[int] | None = None, code: int = 0) -> dict[str, Any]:
+    return {"schema": "envbuild.smoke/1", "exit_code": code, "tiers": [0, 1, 2] if tiers is None else tiers,
+            "checks": [{"name": n, "status": s, "message": "m", "hint": "h"} for n, s in checks]}
+
+
+def test_a_node_report_passes_only_with_the_checks_its_tier_requires() -> None:
+    from envbuild.fleet.plan import RunOptions
+    from envbuild.fleet.report import node_result
+
+    gpus = RunOptions().required(8)
+    assert gpus.tier == 2 and gpus.checks == ("torch.import", "gpu.visible", "gpu.count")
+    whole = _report(("torch.import", "pass"), ("gpu.visible", "pass"), ("gpu.count", "pass"))
+    assert node_result("n", whole, required=gpus).status == "pass"
+    for report, why in [
+            (_report(), "the required check torch.import did not pass (missing)"),
+            ({"schema": "envbuild.smoke/1", "exit_code": 0}, "covers tiers up to -1"),
+            (_report(("torch.import", "pass"), ("gpu.visible", "skip"), ("gpu.count", "pass")),
+             "the required check gpu.visible did not pass (skip)"),
+            (_report(("torch.import", "pass"), ("gpu.visible", "pass")), "gpu.count did not pass (missing)"),
+            ({**whole, "tiers": [0]}, "the report covers tiers up to 0, the run asked for 0-2")]:
+        result = node_result("n", report, required=gpus)
+        assert (result.status, result.check) == ("fail", "required"), report
+        assert why in result.message
+    cpu = RunOptions(cpu_ok=True, tier=1).required(8)
+    assert cpu.checks == ("torch.import",)
+    assert node_result("n", _report(("torch.import", "pass"), tiers=[0, 1]), required=cpu).status == "pass"
+
+
+def test_escapes_in_node_reports_and_engine_errors_never_reach_the_terminal() -> None:
+    from envbuild.fleet.report import FleetReport, TargetResult, node_result, render_table
+
+    hostile = _report(("torch.import", "fail"), code=7)
+    hostile["checks"][0].update(message="\x1b[2J\x1b]0;pwned\x07cleared\rline", hint="\x1b[31mred\x9b1m")
+    node = node_result("n1", hostile)
+    table = render_table(FleetReport(engine="slurm", targets=(
+        TargetResult(target="t", expected=1, nodes=(node,)),
+        TargetResult(target="u", expected=1,
+                     problem="target u: sbatch refused the job: \x1b[1mbold\x1b[0m"))))
+    assert "cleared line" in table and "red" in table and "bold" in table
+    assert not any(c in table for c in "\x1b\x07\r\x9b")
+
+
+def test_a_node_log_is_read_at_its_tail_only(tmp_path: Path) -> None:
+    import os
+    import tracemalloc
+
+    from envbuild.fleet.slurm import read_reports
+
+    (tmp_path / "n1.json").write_text(json.dumps({"schema": "envbuild.fleet-node/1", "exit_code": 127}))
+    with (tmp_path / "n1.log").open("wb") as log:  # 64 MiB, sparse, then its last line
+        log.truncate(64 << 20)
+        log.seek(0, os.SEEK_END)
+        log.write(b"\nthe last line\n")
+    os.mkfifo(tmp_path / "n2.log")  # a FIFO where a log should be: never opened to block
+    (tmp_path / "n2.json").write_text(json.dumps(_report(code=3)))
+    tracemalloc.start()
+    try:
+        results = read_reports(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert [r.node for r in results] == ["n1", "n2"]
+    assert [r.status for r in results] == ["fail", "fail"]
+    assert results[0].message.endswith("(exit 127): the last line")

@@ -61,8 +61,8 @@ class KubectlEngine:
 
     name = "kubernetes"
 
-    def __init__(self, env: Mapping[str, str], directory: Any) -> None:
-        self.env, self.directory = dict(env), directory
+    def __init__(self, env: Mapping[str, str], directory: Any, options: RunOptions | None = None) -> None:
+        self.env, self.directory, self.options = dict(env), directory, options or RunOptions()
 
     def _run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         try:
@@ -116,7 +116,9 @@ class KubectlEngine:
                 continue  # not scheduled: no node answered for it
             logs = self._run(["logs", name], timeout=120)
             text = logs.stdout[-MAX_LOG_BYTES:]
-            results.append(node_result(node, report_from_logs(text), _last_line(text + logs.stderr)))
+            required = self.options.required(submission.target.gpus_per_node)
+            results.append(node_result(node, report_from_logs(text), _last_line(text + logs.stderr),
+                                       required))
         return sorted_nodes(results)
 
 

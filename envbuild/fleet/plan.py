@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from envbuild.errors import UsageError
 from envbuild.fleet.placement import LAUNCHERS, Placement
+from envbuild.fleet.report import Required
 
 Engine = Literal["slurm", "kubernetes"]
 ENGINES: tuple[Engine, ...] = ("slurm", "kubernetes")
@@ -34,6 +35,16 @@ class RunOptions:
     cpu_ok: bool = False
     tier: int | None = None
     deadline: float = 1800.0
+
+    def required(self, gpus_per_node: int | None) -> Required:
+        """What each node's report must hold to pass, as ``smoke_args`` asks for it: tiers 0..N
+        (the smoke test's default 2), torch imported, and unless ``cpu_ok`` (from tier 1) the
+        GPUs seen and, with a declared count, counted."""
+        tier = 2 if self.tier is None else self.tier
+        checks = ["torch.import"]
+        if not self.cpu_ok and tier >= 1:
+            checks += ["gpu.visible", *(["gpu.count"] if gpus_per_node else [])]
+        return Required(tier=tier, checks=tuple(checks))
 
     def smoke_args(self, gpus_per_node: int | None) -> list[str]:
         args = [] if self.tier is None else ["--tier", str(self.tier)]
