@@ -256,3 +256,75 @@ def test_a_node_log_is_read_at_its_tail_only(tmp_path: Path) -> None:
     assert [r.node for r in results] == ["n1", "n2"]
     assert [r.status for r in results] == ["fail", "fail"]
     assert results[0].message.endswith("(exit 127): the last line")
+
+
+# --- 5. diagnose: strict JSON, hostile probe numbers, outputs checked first (docs/faults.md X8, X9)
+
+HOSTILE_JOB = """
+import os, sys
+v = sys.argv[1]
+with open(os.environ["ENVBUILD_DIAGNOSE_OUT"], "a") as f:
+    f.write('{"kind": "hello", "pid": %d}\\n' % os.getpid())
+    for i in range(4):
+        f.write('{"kind": "window", "pid": %d, "t0": %d, "t1": %d.5, "batches": %s, "data_wait_s": %s, '
+                '"steps": 10, "step_s": %s, "periods": 10, "period_s": %s}\\n' % (os.getpid(), 1000 + i,
+                1000 + i, v, v, v, v))
+"""
+
+
+def _strict(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} in the output")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e308"])
+def test_a_probe_line_with_nan_or_infinity_still_gives_a_strict_json_report(
+        capfd: pytest.CaptureFixture[str], tmp_path: Path, value: str) -> None:
+    import sys
+
+    from envbuild.diagnose.evidence import read_probe_lines
+
+    assert read_probe_lines(['{"kind": "window", "batches": ' + value + "}", '{"kind": "bye"}']) == \
+        ({"kind": "bye"},)
+    job = tmp_path / "job.py"
+    job.write_text(HOSTILE_JOB)
+    code = main(["diagnose", "--json", "--seconds", "20", "--report", str(tmp_path / "r.json"), "--",
+                 sys.executable, str(job), value], env={"PATH": "/usr/bin:/bin"})
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert _strict(out)["schema"] == "envbuild.diagnose/1"
+    assert _strict((tmp_path / "r.json").read_text()) == _strict(out)
+
+
+def test_json_text_never_writes_infinity() -> None:
+    from envbuild.diagnose.report import json_text
+
+    assert _strict(json_text({"a": float("inf"), "b": [float("nan"), 1.5]})) == {"a": None, "b": [None, 1.5]}
+
+
+@pytest.mark.parametrize("flag", ["--report", "--html"])
+def test_an_output_into_a_missing_directory_fails_before_the_job_runs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str) -> None:
+    marker = tmp_path / "ran"
+    code = main(["diagnose", flag, str(tmp_path / "no-such-dir" / "out"), "--", "/usr/bin/touch",
+                 str(marker)], env={"PATH": "/usr/bin:/bin"})
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{flag} {tmp_path}/no-such-dir/out: the directory {tmp_path}/no-such-dir does not exist" in err
+    assert not marker.exists()
+    assert main(["diagnose", flag, str(tmp_path), "--", "/usr/bin/true"], env={}) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+# --- 5. envbuild.built.json with a key twice (docs/faults.md R15) --------------------------
+
+
+def test_a_built_record_with_a_key_twice_is_refused() -> None:
+    from envbuild.errors import UsageError
+    from envbuild.extensions.record import parse_record
+
+    assert parse_record('{"schema": "envbuild.built/1", "wheels": []}') == {}
+    with pytest.raises(UsageError) as caught:  # a reviewer reads the first, JSON takes the last
+        parse_record('{"schema": "envbuild.built/1", "wheels": [{"name": "x"}], "wheels": []}')
+    assert "the key 'wheels' appears twice in one object" in caught.value.message
