@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -328,3 +329,43 @@ def test_a_built_record_with_a_key_twice_is_refused() -> None:
     with pytest.raises(UsageError) as caught:  # a reviewer reads the first, JSON takes the last
         parse_record('{"schema": "envbuild.built/1", "wheels": [{"name": "x"}], "wheels": []}')
     assert "the key 'wheels' appears twice in one object" in caught.value.message
+
+
+# --- 6. every file argument: a FIFO is refused, never waited on (docs/faults.md Q6) ---------
+
+D64 = "sha256:" + "ab" * 32
+
+
+def _cli(tmp_path: Path, *argv: str, module: str = "envbuild") -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=60)
+
+
+@pytest.mark.parametrize("argv", [
+    ("fleet", "render", "--engine", "slurm", "--lock", "envbuild.lock", "--images", "FIFO", "-o", "out"),
+    ("fleet", "render", "--engine", "slurm", "--lock", "FIFO", "-o", "out"),
+    ("detect", "--from", "FIFO"),
+    ("promote", f"reg.test/a/b@{D64}", "v1", "--verified-report", "FIFO"),
+    ("render", "docker", "--lock", "FIFO", "-o", "out"),
+])
+def test_a_fifo_as_a_file_argument_is_exit_2_not_a_hang(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    import os
+
+    write_lock(tmp_path, {"a": Placement(nodes=1, gpus_per_node=1)})
+    os.mkfifo(tmp_path / "FIFO")
+    done = _cli(tmp_path, *argv)
+    assert done.returncode == 2, done.stderr
+    assert "FIFO is not a regular file" in done.stderr, done.stderr
+
+
+def test_a_fifo_as_the_smoke_tests_lock_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "FIFO")
+    done = _cli(tmp_path, "--installed-only", "--lock", "FIFO", module="envbuild.smoke")
+    assert done.returncode == 2, done.stderr
+    assert "smoke: lock FIFO unreadable: not a regular file" in done.stderr

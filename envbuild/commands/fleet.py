@@ -55,6 +55,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
+    from envbuild.confine import read_regular
     from envbuild.fleet.plan import parse_image_flags, plan_targets, read_build_report
     from envbuild.render.lockset import read_lockset
 
@@ -64,7 +65,7 @@ def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
     images.update(parse_image_flags(args.image))
     placements = {name: lock.fleet for name, lock in lockset.targets.items()}
     targets = plan_targets(placements, args.engine, images, cpu_ok=args.cpu_ok)
-    return targets, path.read_bytes()
+    return targets, read_regular(path, f"lock {path}")  # as read_lockset read it: never a FIFO
 
 
 def _files(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes], RunOptions]:

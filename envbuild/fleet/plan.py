@@ -94,13 +94,10 @@ def parse_image_flags(flags: Sequence[str]) -> dict[str, str]:
 def read_build_report(path: Path) -> dict[str, str]:
     """The images a build report names per target (``{"schema": "envbuild.build/1",
     "targets": [{"target", "image", "digest", "ref"}]}``)."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_REPORT_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read build report {path}: {exc.strerror}") from None
-    if len(data) > MAX_REPORT_BYTES:
-        raise UsageError(f"build report {path} is over {MAX_REPORT_BYTES} bytes")
+    from envbuild.confine import read_confined
+
+    # a regular file, opened without blocking (a FIFO never hangs the command), size-capped
+    data = read_confined(path, None, f"build report {path}", limit=MAX_REPORT_BYTES)
     try:
         report: Any = json.loads(data)
     except (ValueError, RecursionError):
