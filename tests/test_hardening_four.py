@@ -410,3 +410,72 @@ def test_lock_check_is_stale_when_the_ci_stacks_are_edited_or_behind_the_lock(
     code, _, err = run(capsys, env, "lock", "--check")
     assert code == 11, err
     assert "stacks/default/pylock.toml differs from what the lock renders" in err
+
+
+# --- 4. bounded parsers: numbers, dotted keys, extension trees (docs/faults.md Q7, Q8) ------
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("envbuild.toml", "torch = " + "1" * 5000 + "\n", "envbuild.toml: a value too large to read"),
+    ("envbuild.toml", "torch = '2.13.0'\n" + ".".join(["a"] * 20_000) + " = 1\n",
+     "envbuild.toml:2: a dotted key of more than 64 parts"),
+    ("envbuild.toml", "x = { " + ".".join(["a"] * 100) + " = 1 }\n", "envbuild.toml:1: a dotted key of more"),
+    ("pyproject.toml", "[tool.envbuild]\n[" + ".".join(['"a"'] * 100) + "]\n",
+     "pyproject.toml:2: a dotted key"),
+])
+def test_oversize_numbers_and_dotted_keys_are_exit_2_naming_the_file(tmp_path: Path, name: str, text: str,
+                                                                     expected: str) -> None:
+    import time
+
+    start = time.monotonic()
+    assert expected in refused(tmp_path, {name: text})
+    assert time.monotonic() - start < 2  # before: 16 s per parse of 20,000 parts, three parses
+
+
+def test_oversize_numbers_and_dotted_keys_in_a_pylock_are_exit_2() -> None:
+    from envbuild.errors import UsageError
+    from envbuild.pylock.files import read_pylock
+
+    for text, expected in [('lock-version = "1.0"\nx = ' + "9" * 5000, "pylock: a value too large to read"),
+                           ('lock-version = "1.0"\n' + ".".join(["a"] * 20_000) + " = 1",
+                            "pylock:2: a dotted key of more than 64 parts")]:
+        with pytest.raises(UsageError) as caught:
+            read_pylock(text)
+        assert expected in caught.value.message
+
+
+def test_dots_in_strings_comments_and_values_are_no_key_parts() -> None:
+    from envbuild.project.toml import parse
+
+    many = ".".join(["x"] * 100)
+    text = (f'a = "{many}"\nb = \'{many}\'\nc = """\n{many}\n"""\n# {many}\n'
+            f'd = [{", ".join(["1.5"] * 100)}]\ne = """q"""""\nf.g.h = 1\n')
+    assert parse(text, "t.toml")["f"] == {"g": {"h": 1}} and parse(text, "t.toml")["e"] == 'q""'
+
+
+def test_extension_trees_too_deep_or_too_wide_are_exit_2(tmp_path: Path) -> None:
+    import time
+
+    from envbuild.errors import UsageError
+    from envbuild.extensions.tree import source_tree
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "setup.py").write_text("")
+    path = deep
+    for _ in range(1500):  # os.makedirs itself recurses once per level
+        path = path / "d"
+        path.mkdir()
+    with pytest.raises(UsageError) as caught:
+        source_tree(tmp_path, "deep", "extensions[0] 'deep'")
+    assert "extensions[0] 'deep' nests directories more than 32 deep" in caught.value.message
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "setup.py").write_text("")
+    for i in range(25_000):
+        (wide / f"e{i}").mkdir()
+    start = time.monotonic()
+    with pytest.raises(UsageError) as caught:
+        source_tree(tmp_path, "wide", "extensions[0] 'wide'")
+    assert "extensions[0] 'wide' holds more than 20000 files and directories" in caught.value.message
+    assert time.monotonic() - start < 5
