@@ -479,3 +479,67 @@ def test_extension_trees_too_deep_or_too_wide_are_exit_2(tmp_path: Path) -> None
         source_tree(tmp_path, "wide", "extensions[0] 'wide'")
     assert "extensions[0] 'wide' holds more than 20000 files and directories" in caught.value.message
     assert time.monotonic() - start < 5
+
+
+# --- 7. the small ones (docs/faults.md U14, R16, R17) -------------------------------------
+
+
+class _RaisingFinder:
+    """Importing ``name`` raises KeyboardInterrupt: Ctrl-C landing in that import."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name:
+            raise KeyboardInterrupt
+        return None
+
+
+@pytest.mark.parametrize(("entry", "module"), [("run", "envbuild.commands.cli"),
+                                               ("bin/envbuild", "envbuild.__main__")])
+def test_ctrl_c_during_the_first_imports_is_one_line_and_130(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, entry: str, module: str) -> None:
+    import runpy
+    import sys
+
+    import envbuild.__main__ as entry_module
+
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_RaisingFinder(module), *sys.meta_path])
+    monkeypatch.setattr(sys, "argv", ["envbuild", "config", "show"])
+    with pytest.raises(SystemExit) as caught:
+        if entry == "run":
+            entry_module.run()
+        else:
+            runpy.run_path(str(Path(__file__).resolve().parents[1] / "bin" / "envbuild"))
+    assert caught.value.code == 130
+    assert capsys.readouterr().err == "envbuild: interrupted\n"
+
+
+def test_leftovers_of_a_sigkill_between_the_lock_pairs_renames_are_removed(tmp_path: Path) -> None:
+    from envbuild.fs import replace_files
+
+    names = ["envbuild.lock", "pylock.toml"]
+    left = [tmp_path / ".envbuild.lock.a1b2c3d4.tmp", tmp_path / ".envbuild.lock.a1b2c3d4.tmp.old",
+            tmp_path / ".pylock.toml.zz_9x8y7.tmp.old"]
+    kept = [tmp_path / ".envbuild.lock.notours", tmp_path / ".other.a1b2c3d4.tmp", tmp_path / "x.tmp"]
+    for path in left + kept:
+        path.write_text("stale")
+    replace_files({tmp_path / n: b"new" for n in names})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names + [p.name for p in kept])
+
+
+def test_a_failing_loopback_plain_http_registry_is_not_called_a_tls_failure(tmp_path: Path) -> None:
+    from envbuild.errors import DataError
+    from envbuild.registry.client import RegistryClient
+
+    with recording_server(lambda m, p: (418, {}, b"")) as (host, _):
+        client = RegistryClient(host, "a/b", env={"DOCKER_CONFIG": str(tmp_path)},
+                                certs_d=tmp_path / "none", daemon_json=tmp_path / "none.json")
+        with pytest.raises(DataError) as caught:
+            client.manifest("HEAD", "1")
+    line = caught.value.one_line()
+    assert f"cannot reach http://{host} for {host}/a/b: HTTP 418" in line, line
+    assert "TLS verification" not in line and "trust the registry's CA" not in line

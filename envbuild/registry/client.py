@@ -137,7 +137,10 @@ class RegistryClient:
             except DataError as exc:
                 first = first or (exc, self.origin)
                 if self._base + 1 >= len(self.endpoint.bases) or first[0] is not exc:
-                    raise self._unreachable(*first) from exc
+                    # A certificate that failed verification is the news (U4); an https attempt
+                    # that found no TLS at all is not: then plain http's own failure is.
+                    told = first if "TLS verification failed" in first[0].message else (exc, self.origin)
+                    raise self._unreachable(*told) from exc
                 self._base += 1  # https failed where Docker too would try plain http
 
     def _unreachable(self, exc: DataError, origin: str = "") -> DataError:

@@ -324,6 +324,9 @@ class HttpClient:
         except requests.exceptions.SSLError as exc:
             if deadline.expired:  # the watchdog cut the handshake or a TLS read
                 raise _Retry("deadline passed") from exc
+            if not is_verification_failure(exc):  # no certificate was judged: no TLS spoken there
+                raise DataError(f"no TLS handshake with {url}: {exc}",
+                                hint="the server may not speak TLS at that address") from exc
             raise DataError(
                 f"TLS verification failed for {url}: {exc}",
                 hint="set PIP_CERT or REQUESTS_CA_BUNDLE to your CA bundle",
@@ -388,6 +391,14 @@ class HttpClient:
             )
         return delay
 
+
+
+def is_verification_failure(exc: BaseException) -> bool:
+    """Whether a TLS error is a certificate that failed verification (untrusted, expired, for
+    another name), not a handshake that never happened (a plain-http server, a reset)."""
+    text = str(exc)
+    return "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text \
+        or "doesn't match" in text or "hostname mismatch" in text.lower()
 
 
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
