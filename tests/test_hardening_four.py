@@ -462,13 +462,17 @@ def test_extension_trees_too_deep_or_too_wide_are_exit_2(tmp_path: Path) -> None
     deep = tmp_path / "deep"
     deep.mkdir()
     (deep / "setup.py").write_text("")
-    path = deep
-    for _ in range(1500):  # os.makedirs itself recurses once per level
-        path = path / "d"
-        path.mkdir()
-    with pytest.raises(UsageError) as caught:
-        source_tree(tmp_path, "deep", "extensions[0] 'deep'")
-    assert "extensions[0] 'deep' nests directories more than 32 deep" in caught.value.message
+    levels = [deep / "/".join(["d"] * n) for n in range(1, 1501)]
+    try:
+        for level in levels:  # os.makedirs (and shutil.rmtree) recurse once per level
+            level.mkdir()
+        with pytest.raises(UsageError) as caught:
+            source_tree(tmp_path, "deep", "extensions[0] 'deep'")
+        assert "extensions[0] 'deep' nests directories more than 32 deep" in caught.value.message
+    finally:  # removed from the bottom up: pytest's own clean-up would recurse 1,500 deep
+        for level in reversed(levels):
+            if level.is_dir():
+                level.rmdir()
     wide = tmp_path / "wide"
     wide.mkdir()
     (wide / "setup.py").write_text("")
@@ -543,3 +547,41 @@ def test_a_failing_loopback_plain_http_registry_is_not_called_a_tls_failure(tmp_
     line = caught.value.one_line()
     assert f"cannot reach http://{host} for {host}/a/b: HTTP 418" in line, line
     assert "TLS verification" not in line and "trust the registry's CA" not in line
+
+
+def test_a_pods_log_is_read_as_it_streams_keeping_its_end(tmp_path: Path) -> None:
+    """docs/faults.md V16: ``kubectl logs`` of a pod that logged 64 MiB before its report."""
+    import os
+    import sys
+    import tracemalloc
+
+    from envbuild.fleet.kubernetes import KubectlEngine, Submission
+    from envbuild.fleet.plan import FleetTarget
+
+    report = _report(("torch.import", "pass"), ("gpu.visible", "pass"), ("gpu.count", "pass"))
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=2))
+    pods = {"items": [{"metadata": {"name": "p0"}, "spec": {"nodeName": "gpu-1"}}]}
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(f"""#!{sys.executable}
+import sys
+if sys.argv[1] == "get":
+    print({json.dumps(json.dumps(pods))})
+else:
+    out = sys.stdout.buffer
+    for _ in range(64):
+        out.write(b"noise " * ((1 << 20) // 6) + b"\\n")
+    out.write(open({str(tmp_path / "report.json")!r}, "rb").read())
+    sys.stderr.write("kubectl: done\\n")
+""")
+    kubectl.chmod(0o755)
+    engine = KubectlEngine({"PATH": f"{kubectl.parent}:{os.environ['PATH']}"}, tmp_path)
+    target = FleetTarget(name="h100", placement=KUBE, nodes=1, gpus_per_node=8, image=IMAGE)
+    tracemalloc.start()
+    try:
+        results = engine.collect(Submission(target=target, job="envbuild-fleet-h100"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(r.node, r.status) for r in results] == [("gpu-1", "pass")]
+    assert peak < 24 << 20, peak  # before: the whole 64 MiB log, as bytes and as text
