@@ -585,3 +585,18 @@ else:
         tracemalloc.stop()
     assert [(r.node, r.status) for r in results] == [("gpu-1", "pass")]
     assert peak < 24 << 20, peak  # before: the whole 64 MiB log, as bytes and as text
+
+
+def test_dockers_daemon_json_is_read_bounded_and_never_from_a_fifo(tmp_path: Path) -> None:
+    """docs/faults.md U15: /etc/docker/daemon.json as a FIFO or of 2 GiB (sparse) is no hang, no read."""
+    import os
+
+    from envbuild.registry.client import insecure_registries
+
+    os.mkfifo(tmp_path / "fifo.json")
+    assert insecure_registries(tmp_path / "fifo.json") == ()
+    with (tmp_path / "big.json").open("wb") as big:
+        big.truncate(2 << 30)
+    assert insecure_registries(tmp_path / "big.json") == ()
+    (tmp_path / "ok.json").write_text('{"insecure-registries": ["reg.test:5000"]}')
+    assert insecure_registries(tmp_path / "ok.json") == ("reg.test:5000",)

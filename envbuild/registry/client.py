@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import SplitResult, urlencode, urlsplit, urlunsplit
 
-from envbuild.errors import DataError
+from envbuild.errors import DataError, UsageError
 from envbuild.redact import redact
 from envbuild.registry.credentials import Credentials, credentials_for, login_hint
 from envbuild.registry.reference import (
@@ -45,9 +45,11 @@ _NOTHING: Mapping[str, str] = {}
 
 def insecure_registries(path: Path = DAEMON_JSON) -> tuple[str, ...]:
     """``insecure-registries`` of Docker's daemon configuration; () when it has none."""
-    try:
-        data = json.loads(path.read_bytes()[:1024 * 1024])
-    except (OSError, ValueError):
+    from envbuild.confine import read_regular
+
+    try:  # a regular file of at most 1 MiB, opened without blocking (never read whole, never a FIFO)
+        data = json.loads(read_regular(path, str(path), limit=1024 * 1024))
+    except (UsageError, ValueError, RecursionError):
         return ()
     listed = data.get("insecure-registries") if isinstance(data, dict) else None
     return tuple(str(x) for x in listed if isinstance(x, str)) if isinstance(listed, list) else ()
