@@ -20,6 +20,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from typing import NoReturn
 
     from envbuild.resolver.selection import Selectors
 
@@ -158,17 +159,30 @@ def run() -> None:
     # so the cyclic collector's passes over them (about a tenth of the command's time)
     # are pure cost there; every other command runs with the collector on.
     gc.disable()
-    code = fast_resolve(argv, env)
-    if code is None:
-        gc.enable()
-        from envbuild.commands.cli import main as cli_main
+    try:  # the CLI handles Ctrl-C once it runs; until then (its imports, the fast path) it is here
+        code = fast_resolve(argv, env)
+        if code is None:
+            gc.enable()
+            from envbuild.commands.cli import main as cli_main
 
-        sys.exit(cli_main(argv, env))
+            sys.exit(cli_main(argv, env))
+    except KeyboardInterrupt:
+        interrupted()
     try:  # noqa: SIM105 - contextlib.suppress would be one more import at start-up
         sys.stderr.flush()
     except OSError:
         pass  # nowhere left to say anything; the exit code still tells
     os._exit(code)
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C before the CLI's own handling: its one line and exit code (130), no traceback."""
+    try:
+        sys.stderr.write("envbuild: interrupted\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from envbuild.errors import UsageError
@@ -196,6 +196,7 @@ def replace_files(files: Mapping[Path, bytes]) -> None:
     failure between two renames puts every kept file back, with the signals that end a
     command (SIGINT, SIGTERM, SIGHUP) held until that is done. Only a SIGKILL or a crash
     between the renames can leave a mix, which the lock's recorded sha256 then reveals."""
+    remove_leftovers(Path(p) for p in files)
     staged: list[_Staged] = []
     current = Path()
     try:
@@ -213,6 +214,21 @@ def replace_files(files: Mapping[Path, bytes]) -> None:
     with _signals_held():
         for item in staged:
             item.discard_backup()
+
+
+def remove_leftovers(paths: Iterable[Path]) -> None:
+    """Remove what a SIGKILL during an earlier ``replace_files`` of ``paths`` left beside them:
+    its hidden temporary files (``.NAME.XXXXXXXX.tmp``, mkstemp's eight characters) and their
+    kept old bytes (``….tmp.old``). Regular files of exactly those names only."""
+    import re
+
+    for path in paths:
+        pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp(?:\.old)?", re.ASCII)
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(path.parent):
+                if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
 
 class _Staged:

@@ -44,7 +44,8 @@ def test_lock_check_first_free_disk_and_promotion_after_verify(rendered: dict[st
     jobs = wf["jobs"]
     assert list(jobs) == ["lock-check", "matrix", "build", "verify", "promote"]
     check = jobs["lock-check"]["steps"][-1]
-    assert check["run"].splitlines()[-1] == 'python3 -m envbuild lock --check --output "$LOCK"'
+    assert check["run"].splitlines()[-1] == \
+        'python3 -m envbuild lock --check --output "$LOCK" --stacks stacks'
     assert check["env"]["LOCK"] == "envbuild.lock"
     assert jobs["build"]["needs"] == ["matrix", "lock-check"]
     assert jobs["build"]["steps"][0]["name"] == "Free disk space"

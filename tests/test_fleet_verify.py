@@ -22,11 +22,13 @@ from envbuild.fleet.verify import run_fleet
 
 
 def smoke_report(*checks: tuple[str, str, str, str], code: int = 0) -> dict[str, object]:
-    return {"schema": "envbuild.smoke/1", "exit_code": code,
+    return {"schema": "envbuild.smoke/1", "exit_code": code, "tiers": [0, 1, 2],
             "checks": [{"name": n, "status": s, "message": m, "hint": h} for n, s, m, h in checks]}
 
 
-PASSING = smoke_report(("torch.import", "pass", "torch 2.13.0", ""))
+# What a node must show to pass (docs/faults.md V15): its tiers, torch, the GPUs seen and counted.
+PASSING = smoke_report(("torch.import", "pass", "torch 2.13.0", ""), ("gpu.visible", "pass", "8 GPU(s)", ""),
+                       ("gpu.count", "pass", "8 GPUs", ""))
 SEVEN_OF_EIGHT = smoke_report(("gpu.visible", "pass", "7 GPU(s)", ""),
                               ("gpu.count", "fail", "expected 8 GPUs, 7 visible", "drain the node"), code=7)
 

@@ -411,11 +411,13 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
 
 
 def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
+    from envbuild.confine import read_confined
     from envbuild.errors import SmokeFailed
 
+    raw = read_confined(path, None, f"--verified-report {path}")  # never blocks on a FIFO
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"--verified-report {path}: cannot read it as JSON ({exc})") from None
     record = data.get("envbuild.verify") if isinstance(data, dict) else None
     if not isinstance(record, dict):

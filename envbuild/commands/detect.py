@@ -46,11 +46,12 @@ def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     from envbuild.host import report as host_report
 
     if args.from_file:
-        try:
-            text = Path(args.from_file).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.from_file}: {exc.strerror}",
-                             hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file first") from None
+        from envbuild.confine import read_confined
+
+        # a regular file, opened without blocking: '--from FIFO' never hangs
+        text = read_confined(Path(args.from_file), None, f"--from {args.from_file}",
+                             missing_hint="save 'nvidia-smi' (or 'nvidia-smi -q') output to a file "
+                                          "first").decode("utf-8", "replace")
         facts = host.parse_saved(text)
     else:
         facts = host.probe_host(env)

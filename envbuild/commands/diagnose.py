@@ -4,7 +4,6 @@ or ``--pid PID``: why a job leaves its GPU idle (docs/diagnose.md)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +49,8 @@ def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> 
     if bool(job) == (args.pid is not None):
         raise UsageError("give a command after '--' or --pid PID (one of them)",
                          hint="envbuild diagnose -- python train.py")
+    for flag, path in (("--report", args.report), ("--html", args.html)):
+        check_output_file(path, flag)  # before the job runs, not after it ran for an hour
     gpus = session.open_gpus(env, session.load_nvml())
     try:
         if args.pid is not None:
@@ -62,10 +63,25 @@ def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> 
         gpus.close()
     found = reports.diagnose(outcome.recording, command=job or None, pid=args.pid,
                              exit_code=outcome.exit_code, stopped=outcome.stopped)
-    _write(args.report, json.dumps(found, indent=2) + "\n")
+    document = reports.json_text(found)  # strict JSON: never NaN or Infinity
+    _write(args.report, document)
     _write(args.html, reports.page(found))
-    out(json.dumps(found, indent=2) if args.json else reports.text(found))
+    out(document.rstrip("\n") if args.json else reports.text(found))
     return outcome.exit_code or 0
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """An output file a command writes after its work: its directory must exist and it must not
+    be a directory, checked before the work starts."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a directory", hint="name a file to write")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist",
+                         hint="create it first, or name a file in a directory that exists")
 
 
 def _write(path: str | None, text: str) -> None:

@@ -13,7 +13,7 @@ from envbuild.commands.options import Out, Parser, positive_int
 from envbuild.errors import SmokeFailed
 
 if TYPE_CHECKING:
-    from envbuild.fleet.plan import FleetTarget
+    from envbuild.fleet.plan import FleetTarget, RunOptions
 
 Targets = tuple["FleetTarget", ...]
 
@@ -55,6 +55,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
+    from envbuild.confine import read_regular
     from envbuild.fleet.plan import parse_image_flags, plan_targets, read_build_report
     from envbuild.render.lockset import read_lockset
 
@@ -64,22 +65,22 @@ def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
     images.update(parse_image_flags(args.image))
     placements = {name: lock.fleet for name, lock in lockset.targets.items()}
     targets = plan_targets(placements, args.engine, images, cpu_ok=args.cpu_ok)
-    return targets, path.read_bytes()
+    return targets, read_regular(path, f"lock {path}")  # as read_lockset read it: never a FIFO
 
 
-def _files(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes]]:
+def _files(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes], RunOptions]:
     from envbuild.fleet.plan import RunOptions
     from envbuild.fleet.verify import render_fleet
 
     targets, lock_bytes = _plan(args)
     options = RunOptions(cpu_ok=args.cpu_ok, tier=args.tier, deadline=args.deadline)
-    return targets, render_fleet(args.engine, targets, options, lock_bytes=lock_bytes)
+    return targets, render_fleet(args.engine, targets, options, lock_bytes=lock_bytes), options
 
 
 def cmd_render(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     from envbuild.render.output import write_output
 
-    targets, files = _files(args)
+    targets, files, _ = _files(args)
     write_output(files, Path(args.output), force=args.force)
     if args.json:
         from envbuild.commands.options import written_json
@@ -98,10 +99,10 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     from envbuild.fs import write_file
     from envbuild.render.output import write_output
 
-    targets, files = _files(args)
+    targets, files, options = _files(args)
     directory = Path(args.dir).absolute()
     write_output(files, directory, force=True)
-    report = run_fleet(engine_for(args.engine, env, directory), targets, deadline=args.deadline)
+    report = run_fleet(engine_for(args.engine, env, directory, options), targets, deadline=args.deadline)
     data = report.to_json()
     write_file(directory / "fleet-report.json", (json.dumps(data, indent=2) + "\n").encode())
     write_file(directory / "fleet-report.html", render_html(report).encode())

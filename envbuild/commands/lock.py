@@ -61,6 +61,10 @@ def add_commands(commands: Any) -> None:
                    help="pin the stack and torch only (no closure: pip resolves the rest at build time)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 11 when the lock is stale against the project or the matrices")
+    p.add_argument("--stacks", metavar="DIR",
+                   help="with --check: also stale when the build contexts 'ci github --lock' wrote in "
+                        "DIR are not what the lock renders now (default: stacks/ beside the lock, "
+                        "when it holds matrix.json)")
     p.add_argument("--upgrade", action="store_true", help="re-resolve every distribution to its newest")
     p.add_argument("--upgrade-package", action="append", default=[], metavar="NAME",
                    help="re-resolve NAME only (repeatable); the other pins are kept")
@@ -557,6 +561,7 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
                         hint=f"run '{command(given(args))}' and commit the result")
+    _check_stacks(args, matrix, lockset, path)
     out(f"{path} is up to date ({len(lockset.targets)} target{'s' if len(lockset.targets) != 1 else ''})")
     from envbuild.commands.built import describe
 
@@ -564,6 +569,24 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         for line in describe(target, path.absolute().parent, name if len(lockset.targets) > 1 else None):
             out(line)
     return 0
+
+
+def _check_stacks(args: argparse.Namespace, matrix: Matrix, lockset: LockSet, path: Path) -> None:
+    """The build contexts CI builds (``ci github --lock``'s stacks/) are what the lock renders:
+    a re-lock without a new ``ci github``, or an edited Dockerfile, is stale too."""
+    from envbuild.render.ci import stale_stacks
+
+    stacks = Path(args.stacks) if args.stacks else path.parent / "stacks"
+    if args.stacks is None and not (stacks / "matrix.json").is_file():
+        return  # no CI rendered beside this lock
+    if not stacks.is_dir():
+        raise StaleLock(f"{stacks} is not a directory",
+                        hint="name the stacks/ folder 'ci github --lock' wrote")
+    reasons = stale_stacks(lockset, matrix, stacks)
+    if reasons:
+        shown = "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
+        raise StaleLock(f"the build contexts CI builds are stale against {path}: {shown}",
+                        hint=f"run 'envbuild ci github --lock {path} ...' again and commit the result")
 
 
 def _closure_differences(locked: Lock, inputs: str) -> list[str]:

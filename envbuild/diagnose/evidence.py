@@ -4,6 +4,7 @@ rules read. Plain functions over values: every rule is tested on recorded or bui
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -97,12 +98,29 @@ def read_probe_lines(lines: Iterable[str]) -> tuple[dict[str, Any], ...]:
         if number >= PROBE_LINE_LIMIT:
             break
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = json.loads(line, parse_constant=_no_constant, parse_float=_plausible,
+                                parse_int=_plausible)
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict) and isinstance(record.get("kind"), str):
             found.append(record)
     return tuple(found)
+
+
+# A probe's counts and seconds are far below this; a line beyond it (1e308, which sums to
+# infinity) is foreign, as NaN and Infinity (JSON has neither) are.
+PLAUSIBLE = 1e15
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _plausible(text: str) -> float | int:
+    value = float(text) if any(c in text for c in ".eE") else int(text)
+    if not abs(value) <= PLAUSIBLE:
+        raise ValueError("a number no probe writes")
+    return value
 
 
 def summarise(rec: Recording) -> Evidence:
@@ -233,7 +251,9 @@ def probe_use(records: Sequence[dict[str, Any]]) -> ProbeUse | None:
 
 
 def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    return float(value) if math.isfinite(value) else 0.0
 
 
 def _frac(part: float, whole: float) -> float:

@@ -4,6 +4,8 @@ self-contained HTML page: GPU utilisation against data wait and step time, inlin
 from __future__ import annotations
 
 import html
+import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -128,6 +130,22 @@ def _ticks(t_max: float) -> list[str]:
         marks.append(f'<text x="{x:.0f}" y="{H - PAD + 16}" font-size="11" text-anchor="middle">'
                      f'{t_max * i / 4:.1f} s</text>')
     return marks
+
+
+def json_text(report: dict[str, Any]) -> str:
+    """The report as strict JSON (RFC 8259 has no NaN or Infinity: a value that is not a finite
+    number, should one arise, is null), indented, one trailing newline."""
+    return json.dumps(_finite(report), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def page(report: dict[str, Any]) -> str:

@@ -113,9 +113,14 @@ def _wheel_name(wheel: str) -> str | None:
 
 def parse_record(text: str) -> Record:
     """The record's entries by key; UsageError (exit 2) naming the first bad field."""
+    from envbuild.render.lock import load_json
+
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
+        data = load_json(text)  # a key twice in one object is refused, never the last one taken
+    except ValueError as exc:
+        raise UsageError(f"{FILE}: not valid JSON ({exc})",
+                         hint=f"remove {FILE} (build writes it again)") from None
+    except RecursionError:
         raise UsageError(f"{FILE}: not valid JSON", hint=f"remove {FILE} (build writes it again)") from None
     if not isinstance(data, dict) or set(data) != {"schema", "wheels"} or data["schema"] != SCHEMA \
             or not isinstance(data["wheels"], list):

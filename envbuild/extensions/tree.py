@@ -27,6 +27,8 @@ from envbuild.errors import UsageError
 
 MAX_FILES = 2000
 MAX_BYTES = 64 * 1024 * 1024
+MAX_DEPTH = 32  # directories below the extension's own (a source tree needs a handful)
+MAX_ENTRIES = 20_000  # directory entries looked at, empty directories and passed-over ones too
 MARKERS = ("pyproject.toml", "setup.py")
 # A declared directory: relative, '/'-separated, no '.' or '..' part, nothing a shell or a
 # Dockerfile reads as syntax.
@@ -71,7 +73,7 @@ def source_tree(root: Path, directory: str, what: str) -> dict[str, bytes]:
         problem = "does not exist" if not base.exists() else "is not a directory"
         raise UsageError(f"{what} {problem}", hint=HINT)
     files: dict[str, bytes] = {}
-    _walk(base, "", files, what, top=directory == PROJECT_DIR)
+    _walk(base, "", files, what, [0], top=directory == PROJECT_DIR)
     if not any(isinstance(files.get(m), bytes) for m in MARKERS):
         raise UsageError(f"{what} holds neither pyproject.toml nor setup.py",
                          hint="an extension is a Python project: add its pyproject.toml or setup.py")
@@ -94,9 +96,23 @@ def _not_source(entry: os.DirEntry[str]) -> bool:
         (path / marker).is_file() for marker in ("envbuild.lock", "pyvenv.cfg"))
 
 
-def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str, *, top: bool = False) -> None:
-    with os.scandir(directory) as entries:
-        ordered = sorted(entries, key=lambda e: e.name)
+def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str, seen: list[int], *,
+          top: bool = False) -> None:
+    """Every file under ``directory``; ``seen`` counts the entries looked at, so that neither a
+    tree 1,500 directories deep (Python's recursion) nor 300,000 empty ones (minutes) is walked."""
+    if prefix.count("/") > MAX_DEPTH:
+        raise UsageError(f"{what} nests directories more than {MAX_DEPTH} deep ({token(prefix, 60)})",
+                         hint="an extension's sources only: move data and build outputs elsewhere")
+    with os.scandir(directory) as scan:
+        entries = []
+        for entry in scan:
+            seen[0] += 1
+            if seen[0] > MAX_ENTRIES:
+                raise UsageError(f"{what} holds more than {MAX_ENTRIES} files and directories",
+                                 hint="an extension's sources only: move data and build outputs "
+                                      "elsewhere")
+            entries.append(entry)
+    ordered = sorted(entries, key=lambda e: e.name)
     for entry in ordered:
         if entry.name in _SKIPPED or entry.name.endswith(".egg-info") or (top and _not_source(entry)):
             continue
@@ -106,7 +122,7 @@ def _walk(directory: Path, prefix: str, files: dict[str, bytes], what: str, *, t
                              hint="rename it: letters, digits and _ . + = @ - only")
         mode = entry.stat(follow_symlinks=False).st_mode
         if stat.S_ISDIR(mode):
-            _walk(Path(entry.path), f"{prefix}{entry.name}/", files, what)
+            _walk(Path(entry.path), f"{prefix}{entry.name}/", files, what, seen)
         elif stat.S_ISREG(mode):
             files[prefix + entry.name] = read_regular(Path(entry.path), shown, limit=MAX_BYTES)
             _bounded(files, what)

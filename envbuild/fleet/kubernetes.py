@@ -7,6 +7,7 @@ drives ``kubectl`` (apply, wait, get pods, logs) as a user would, with their kub
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import subprocess
@@ -18,13 +19,14 @@ from envbuild.errors import SchedulerUnavailable
 from envbuild.fleet.plan import FleetTarget, RunOptions
 from envbuild.fleet.report import NODE_NAME_RE, NodeResult, node_result, sorted_nodes
 from envbuild.fleet.slurm import IMAGE_PYTHON
+from envbuild.render.lockset import kubernetes_name
 
 JOB_PREFIX = "envbuild-fleet-"
 MAX_LOG_BYTES = 4 << 20
 
 
 def job_name(target: FleetTarget) -> str:
-    return JOB_PREFIX + target.name.replace("_", "-")
+    return JOB_PREFIX + kubernetes_name(target.name)
 
 
 def command(target: FleetTarget, options: RunOptions) -> list[str]:
@@ -60,8 +62,8 @@ class KubectlEngine:
 
     name = "kubernetes"
 
-    def __init__(self, env: Mapping[str, str], directory: Any) -> None:
-        self.env, self.directory = dict(env), directory
+    def __init__(self, env: Mapping[str, str], directory: Any, options: RunOptions | None = None) -> None:
+        self.env, self.directory, self.options = dict(env), directory, options or RunOptions()
 
     def _run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         try:
@@ -113,10 +115,48 @@ class KubectlEngine:
             name = str((pod.get("metadata") or {}).get("name") or "")
             if not NODE_NAME_RE.fullmatch(node) or not NODE_NAME_RE.fullmatch(name):
                 continue  # not scheduled: no node answered for it
-            logs = self._run(["logs", name], timeout=120)
-            text = logs.stdout[-MAX_LOG_BYTES:]
-            results.append(node_result(node, report_from_logs(text), _last_line(text + logs.stderr)))
+            text, errors = self._log_tail(name, timeout=120)
+            required = self.options.required(submission.target.gpus_per_node)
+            results.append(node_result(node, report_from_logs(text), _last_line(text + errors),
+                                       required))
         return sorted_nodes(results)
+
+    def _log_tail(self, pod: str, *, timeout: float) -> tuple[str, str]:
+        """The last MAX_LOG_BYTES of ``kubectl logs POD`` (the report is at its end) and the end
+        of kubectl's own stderr: read as it streams, never held whole (a pod can log gigabytes);
+        kubectl is killed at ``timeout``."""
+        import tempfile
+        import threading
+
+        with tempfile.TemporaryFile() as errors:
+            try:
+                child = subprocess.Popen(["kubectl", "logs", pod], stdout=subprocess.PIPE, stderr=errors,
+                                         env=self.env, cwd=self.directory)
+            except FileNotFoundError:
+                raise SchedulerUnavailable("kubectl not found", hint="install kubectl and point it at "
+                                           "the cluster (KUBECONFIG)") from None
+            timer = threading.Timer(timeout, child.kill)
+            timer.start()
+            kept: collections.deque[bytes] = collections.deque()
+            size = 0
+            try:
+                assert child.stdout is not None
+                while chunk := child.stdout.read(1 << 20):
+                    kept.append(chunk)
+                    size += len(chunk)
+                    while size - len(kept[0]) >= MAX_LOG_BYTES:
+                        size -= len(kept.popleft())
+                child.wait()
+            finally:
+                timer.cancel()
+                if child.stdout is not None:
+                    child.stdout.close()
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            errors.seek(max(0, errors.seek(0, 2) - 4096))
+            tail = errors.read()
+        return b"".join(kept)[-MAX_LOG_BYTES:].decode("utf-8", "replace"), tail.decode("utf-8", "replace")
 
 
 def report_from_logs(text: str) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from envbuild.errors import UsageError
 from envbuild.fleet.placement import LAUNCHERS, Placement
+from envbuild.fleet.report import Required
 
 Engine = Literal["slurm", "kubernetes"]
 ENGINES: tuple[Engine, ...] = ("slurm", "kubernetes")
@@ -34,6 +35,16 @@ class RunOptions:
     cpu_ok: bool = False
     tier: int | None = None
     deadline: float = 1800.0
+
+    def required(self, gpus_per_node: int | None) -> Required:
+        """What each node's report must hold to pass, as ``smoke_args`` asks for it: tiers 0..N
+        (the smoke test's default 2), torch imported, and unless ``cpu_ok`` (from tier 1) the
+        GPUs seen and, with a declared count, counted."""
+        tier = 2 if self.tier is None else self.tier
+        checks = ["torch.import"]
+        if not self.cpu_ok and tier >= 1:
+            checks += ["gpu.visible", *(["gpu.count"] if gpus_per_node else [])]
+        return Required(tier=tier, checks=tuple(checks))
 
     def smoke_args(self, gpus_per_node: int | None) -> list[str]:
         args = [] if self.tier is None else ["--tier", str(self.tier)]
@@ -83,13 +94,10 @@ def parse_image_flags(flags: Sequence[str]) -> dict[str, str]:
 def read_build_report(path: Path) -> dict[str, str]:
     """The images a build report names per target (``{"schema": "envbuild.build/1",
     "targets": [{"target", "image", "digest", "ref"}]}``)."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_REPORT_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read build report {path}: {exc.strerror}") from None
-    if len(data) > MAX_REPORT_BYTES:
-        raise UsageError(f"build report {path} is over {MAX_REPORT_BYTES} bytes")
+    from envbuild.confine import read_confined
+
+    # a regular file, opened without blocking (a FIFO never hangs the command), size-capped
+    data = read_confined(path, None, f"build report {path}", limit=MAX_REPORT_BYTES)
     try:
         report: Any = json.loads(data)
     except (ValueError, RecursionError):

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envbuild.redact import server_text
+
 SCHEMA = "envbuild.fleet/1"
 Status = Literal["pass", "warn", "fail"]
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -51,8 +53,8 @@ class TargetResult:
         return "warn" if any(n.status == "warn" for n in self.nodes) else "pass"
 
     def why(self) -> str:
-        if self.problem:
-            return self.problem
+        if self.problem:  # may quote the engine's own stderr: through the one sanitiser
+            return server_text(self.problem, 2 * _TEXT_CAP)
         if len(self.nodes) < self.expected:
             return f"target {self.target}: {len(self.nodes)} of {self.expected} nodes answered"
         failed = [n.node for n in self.nodes if n.status == "fail"]
@@ -80,12 +82,38 @@ class FleetReport:
 
 
 def _clip(value: Any) -> str:
-    text = " ".join(str(value or "").split())
-    return text if len(text) <= _TEXT_CAP else text[: _TEXT_CAP - 1] + "…"
+    """What a node wrote, as the table, the JSON and the page show it: through the one
+    sanitiser (no terminal escape or control character reaches the terminal), cut."""
+    return server_text(str(value or ""), _TEXT_CAP)
 
 
-def node_result(node: str, report: Any, stderr_tail: str = "") -> NodeResult:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Required:
+    """What a node's report must hold to pass: the tiers it was asked to run (0..tier) and the
+    checks those ask for, each passed or warned (a report of exit 0 with no checks is no pass)."""
+
+    tier: int = 2
+    checks: tuple[str, ...] = ("torch.import",)
+
+
+def _missing(report: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], required: Required) -> str:
+    """Why a report of exit 0 is still no pass, or ''."""
+    tiers = report.get("tiers")
+    ran = max((t for t in tiers if type(t) is int), default=-1) if isinstance(tiers, list) else -1
+    if ran < required.tier:
+        return f"the report covers tiers up to {ran}, the run asked for 0-{required.tier}"
+    statuses = {str(c.get("name")): c.get("status") for c in checks}
+    for name in required.checks:
+        if statuses.get(name) not in ("pass", "warn"):
+            shown = "missing" if name not in statuses else _clip(statuses[name])
+            return f"the required check {name} did not pass ({shown})"
+    return ""
+
+
+def node_result(node: str, report: Any, stderr_tail: str = "",
+                required: Required | None = None) -> NodeResult:
     """One node's verdict from what it wrote (a parsed JSON value, any shape)."""
+    required = required or Required()
     if not isinstance(report, Mapping) or report.get("schema") != "envbuild.smoke/1":
         code = report.get("exit_code") if isinstance(report, Mapping) else None
         code = code if isinstance(code, int) and not isinstance(code, bool) else 1
@@ -105,16 +133,22 @@ def node_result(node: str, report: Any, stderr_tail: str = "") -> NodeResult:
     if code != 0:
         return NodeResult(node=node, status="fail", check="exit", exit_code=code,
                           message=f"the smoke test exited {code}", hint="see the node's report")
+    missing = _missing(report, checks, required)
+    if missing:
+        return NodeResult(node=node, status="fail", check="required", exit_code=1, message=missing,
+                          hint="the node ran less than the fleet asked for: check its image's smoke "
+                               "test and the node's log")
     plural = "s" if len(checks) != 1 else ""
     return NodeResult(node=node, status="pass", message=f"{len(checks)} check{plural}")
 
 
-def parse_node_report(node: str, data: bytes, stderr_tail: str = "") -> NodeResult:
+def parse_node_report(node: str, data: bytes, stderr_tail: str = "",
+                      required: Required | None = None) -> NodeResult:
     try:
         value: Any = json.loads(data)
     except (ValueError, RecursionError):
         value = None
-    return node_result(node, value, stderr_tail)
+    return node_result(node, value, stderr_tail, required)
 
 
 # --- the readable forms -----------------------------------------------------------------

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from envbuild.errors import SchedulerUnavailable
 from envbuild.fleet.plan import FleetTarget, RunOptions
-from envbuild.fleet.report import NODE_NAME_RE, NodeResult, parse_node_report, sorted_nodes
+from envbuild.fleet.report import NODE_NAME_RE, NodeResult, Required, parse_node_report, sorted_nodes
 
 IMAGE_PYTHON = "/opt/venv/bin/python"  # the rendered image's venv (templates/Dockerfile.j2)
 IMAGE_SMOKE = "/opt/envbuild/smoke.py --lock /opt/envbuild/envbuild.lock"
 SHM_SIZE = "16g"
 MAX_NODE_REPORT = 4 << 20
+LOG_TAIL = 4096  # of a node's log, only its end is read: its last line is what the table shows
 _FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                        "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 
@@ -69,8 +70,8 @@ class SlurmEngine:
 
     name = "slurm"
 
-    def __init__(self, env: Mapping[str, str], directory: Path) -> None:
-        self.env, self.directory = dict(env), directory
+    def __init__(self, env: Mapping[str, str], directory: Path, options: RunOptions | None = None) -> None:
+        self.env, self.directory, self.options = dict(env), directory, options or RunOptions()
 
     def _run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         try:
@@ -132,11 +133,13 @@ class SlurmEngine:
         return state[:200]
 
     def collect(self, submission: Submission) -> tuple[NodeResult, ...]:
-        return read_reports(self.directory / "reports" / submission.target.name)
+        required = self.options.required(submission.target.gpus_per_node)
+        return read_reports(self.directory / "reports" / submission.target.name, required)
 
 
-def read_reports(directory: Path) -> tuple[NodeResult, ...]:
-    """Every NODE.json in ``directory`` (a node's name in the file name, checked), each a verdict."""
+def read_reports(directory: Path, required: Required | None = None) -> tuple[NodeResult, ...]:
+    """Every NODE.json in ``directory`` (a node's name in the file name, checked), each a verdict
+    (passing only with what ``required`` asks for); of each NODE.log only its tail is read."""
     results = []
     if not directory.is_dir():
         return ()
@@ -144,12 +147,34 @@ def read_reports(directory: Path) -> tuple[NodeResult, ...]:
         node = path.name[: -len(".json")]
         if not NODE_NAME_RE.fullmatch(node) or not path.is_file() or path.is_symlink():
             continue
-        with path.open("rb") as handle:
-            data = handle.read(MAX_NODE_REPORT)
-        log = directory / f"{node}.log"
-        tail = _last_line(log.read_text(errors="replace")) if log.is_file() and not log.is_symlink() else ""
-        results.append(parse_node_report(node, data, tail))
+        data = _read_end(path, MAX_NODE_REPORT, tail=False)
+        tail = _last_line(_read_end(directory / f"{node}.log", LOG_TAIL).decode("utf-8", "replace"))
+        results.append(parse_node_report(node, data, tail, required))
     return sorted_nodes(results)
+
+
+def _read_end(path: Path, size: int, *, tail: bool = True) -> bytes:
+    """At most ``size`` bytes of a node's regular file: its last ones (``tail``), else its first;
+    b'' for a link, a FIFO or anything else a node left there (never a hang, never the whole)."""
+    from envbuild.confine import open_regular
+    from envbuild.errors import UsageError
+
+    try:
+        fd = open_regular(path, path.name, limit=1 << 62)
+    except UsageError:
+        return b""
+    try:
+        if tail:
+            os.lseek(fd, max(0, os.fstat(fd).st_size - size), os.SEEK_SET)
+        chunks, left = [], size
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _first_line(text: str) -> str:
@@ -157,7 +182,7 @@ def _first_line(text: str) -> str:
 
 
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text[-4096:].splitlines() if line.strip()]
+    lines = [line.strip() for line in text[-LOG_TAIL:].splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 

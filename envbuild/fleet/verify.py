@@ -93,7 +93,8 @@ def _judge(engine: FleetEngine, submission: Submitted, late: set[str]) -> Target
     return TargetResult(target=target.name, expected=target.nodes, nodes=nodes, problem=problem)
 
 
-def engine_for(name: Engine, env: Mapping[str, str], directory: Path) -> FleetEngine:
+def engine_for(name: Engine, env: Mapping[str, str], directory: Path,
+               options: RunOptions | None = None) -> FleetEngine:
     if name == "slurm":
-        return slurm.SlurmEngine(env, directory)
-    return kubernetes.KubectlEngine(env, directory)
+        return slurm.SlurmEngine(env, directory, options)
+    return kubernetes.KubectlEngine(env, directory, options)

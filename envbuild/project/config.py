@@ -466,6 +466,12 @@ def _targets(reader: _Reader, table: Mapping[str, Any]) -> tuple[Target, ...]:
         if target.name in seen:
             raise reader.fail(["targets", i, "name"], f"duplicate target name {target.name!r}")
         seen.add(target.name)
+    from envbuild.render.lockset import check_distinct_names
+
+    try:
+        check_distinct_names((t.name for t in targets), "the project")
+    except UsageError as exc:
+        raise reader.fail(["targets"], exc.message, exc.hint) from None
     return tuple(targets)
 
 

@@ -23,7 +23,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["KeyPath", "dotted", "line_of", "parse", "tomllib"]  # tomllib: for the pylock reader too
+# tomllib and check_key_parts: for the pylock reader too
+__all__ = ["KeyPath", "check_key_parts", "dotted", "line_of", "parse", "tomllib"]
 # A path into the parsed document: table and key names, and indexes into arrays.
 KeyPath = Sequence[str | int]
 
@@ -33,21 +34,91 @@ _WHERE_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 _KEY_RE = re.compile(r"""\s*(?:([A-Za-z0-9_-]+)|"([^"]*)"|'([^']*)')\s*[=.]""")
 
 
+MAX_KEY_PARTS = 64  # a dotted key or table header: tool.envbuild.targets is three
+
+
 def parse(text: str, shown: str) -> dict[str, Any]:
     """The document in ``text``; a syntax error is a UsageError naming ``shown`` (the file
-    as the user knows it) and the line, with the parser's own message (line and column)."""
+    as the user knows it) and the line, with the parser's own message (line and column).
+    A dotted key of more than MAX_KEY_PARTS parts is refused before the parser sees it (its
+    time grows with the square of the parts: 20,000 took ~16 s), and so, after, is an integer
+    longer than Python converts (4,300 digits). A text is parsed once (``_loads``)."""
+    check_key_parts(text, shown)
     try:
-        document: dict[str, Any] = tomllib.loads(text)
-        return document
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        found = _WHERE_RE.search(message)
-        line = found.group(1) if found else "1"
-        raise UsageError(f"{shown}:{line}: TOML syntax error: {token(message, 200)}",
-                         hint="fix the file; nothing was written") from None
+        return _loads(text)
+    except ValueError as exc:
+        if isinstance(exc, tomllib.TOMLDecodeError):
+            raise _syntax_error(exc, shown) from None
+        raise UsageError(f"{shown}: a value too large to read ({token(str(exc), 80)})",
+                         hint="no project file or pylock needs a number of thousands of digits") from None
     except RecursionError:  # arrays or inline tables nested ~1000 deep: the parser recurses
         raise UsageError(f"{shown}: arrays or tables nested too deep to read",
                          hint="no project file or lock needs more than a few levels") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _loads(text: str) -> dict[str, Any]:
+    """One parse per text: finding the project file, reading it and its pyproject read the same
+    text (callers never change the document they get)."""
+    document: dict[str, Any] = tomllib.loads(text)
+    return document
+
+
+def _syntax_error(exc: ValueError, shown: str) -> UsageError:
+    message = str(exc)
+    found = _WHERE_RE.search(message)
+    line = found.group(1) if found else "1"
+    return UsageError(f"{shown}:{line}: TOML syntax error: {token(message, 200)}",
+                      hint="fix the file; nothing was written")
+
+
+def check_key_parts(text: str, shown: str) -> None:
+    """UsageError when a run of dotted key parts (outside strings and comments, up to the next
+    '=', ',', bracket, brace or line end) is longer than MAX_KEY_PARTS. One pass over the text."""
+    dots, i, line, size = 0, 0, 1, len(text)
+    while i < size:
+        char = text[i]
+        if char in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else char
+            end = _string_end(text, i + len(quote), quote)
+            line += text.count("\n", i, end)
+            i = end
+            continue
+        if char == "#":
+            i = text.find("\n", i)
+            i = size if i < 0 else i
+            continue
+        if char == ".":
+            dots += 1
+            if dots >= MAX_KEY_PARTS:
+                raise UsageError(f"{shown}:{line}: a dotted key of more than {MAX_KEY_PARTS} parts",
+                                 hint="no project file or pylock needs more than a few") from None
+        elif char in "=,[]{}\n":
+            dots = 0
+            line += char == "\n"
+        i += 1
+
+
+def _string_end(text: str, start: int, quote: str) -> int:
+    """The index just past the string that opened before ``start`` (the text's end if none)."""
+    i = start
+    while True:
+        found = text.find(quote, i)
+        if found < 0:
+            return len(text)
+        if quote[0] == "'" or not _escaped_at(text, found):
+            if len(quote) == 1:
+                return found + 1
+            run = len(text[found:found + 5]) - len(text[found:found + 5].lstrip(quote[0]))
+            return found + run  # up to two quotes of the content may stand before the closing three
+        i = found + 1
+
+
+def _escaped_at(text: str, index: int) -> bool:
+    backslashes = 0
+    while index - backslashes - 1 >= 0 and text[index - backslashes - 1] == "\\":
+        backslashes += 1
+    return backslashes % 2 == 1
 
 
 def dotted(path: KeyPath) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import SplitResult, urlencode, urlsplit, urlunsplit
 
-from envbuild.errors import DataError
+from envbuild.errors import DataError, UsageError
 from envbuild.redact import redact
 from envbuild.registry.credentials import Credentials, credentials_for, login_hint
 from envbuild.registry.reference import (
@@ -45,9 +45,11 @@ _NOTHING: Mapping[str, str] = {}
 
 def insecure_registries(path: Path = DAEMON_JSON) -> tuple[str, ...]:
     """``insecure-registries`` of Docker's daemon configuration; () when it has none."""
-    try:
-        data = json.loads(path.read_bytes()[:1024 * 1024])
-    except (OSError, ValueError):
+    from envbuild.confine import read_regular
+
+    try:  # a regular file of at most 1 MiB, opened without blocking (never read whole, never a FIFO)
+        data = json.loads(read_regular(path, str(path), limit=1024 * 1024))
+    except (UsageError, ValueError, RecursionError):
         return ()
     listed = data.get("insecure-registries") if isinstance(data, dict) else None
     return tuple(str(x) for x in listed if isinstance(x, str)) if isinstance(listed, list) else ()
@@ -137,7 +139,10 @@ class RegistryClient:
             except DataError as exc:
                 first = first or (exc, self.origin)
                 if self._base + 1 >= len(self.endpoint.bases) or first[0] is not exc:
-                    raise self._unreachable(*first) from exc
+                    # A certificate that failed verification is the news (U4); an https attempt
+                    # that found no TLS at all is not: then plain http's own failure is.
+                    told = first if "TLS verification failed" in first[0].message else (exc, self.origin)
+                    raise self._unreachable(*told) from exc
                 self._base += 1  # https failed where Docker too would try plain http
 
     def _unreachable(self, exc: DataError, origin: str = "") -> DataError:
@@ -212,7 +217,7 @@ class RegistryClient:
                                   ("refresh_token", credentials.identity_token)]).encode()
                 url = urlunsplit((scheme, netloc, path, extra, ""))
                 return self._http.send("POST", url, {"Content-Type": "application/x-www-form-urlencoded"},
-                                       data=form, allow=allow)
+                                       data=form, allow=allow, secret_body=True)
             url = urlunsplit((scheme, netloc, path, "&".join(q for q in (extra, urlencode(query)) if q), ""))
             headers = {"Authorization": credentials.basic()} if credentials is not None else {}
             return self._http.send("GET", url, headers, allow=allow)

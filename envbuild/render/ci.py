@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuild.errors import UsageError
@@ -216,6 +217,79 @@ def lock_stacks(lockset: LockSet, matrix: Matrix) -> list[CiStack]:
         runs_on = lock.fleet.runs_on if lock.fleet is not None else ()
         stacks.append(CiStack(id=name, lock=lock, files=files, runs_on=runs_on))
     return stacks
+
+
+STACK_FILES_LIMIT = 10_000  # files under a stacks/ folder read back by 'lock --check'
+
+
+def stale_stacks(lockset: LockSet, matrix: Matrix, directory: Path) -> list[str]:
+    """Why the build contexts under ``directory`` (the ``stacks/`` folder 'ci github --lock'
+    wrote) are not what it renders from this lock now: a target's folder missing or extra, a
+    file missing, added or edited. [] when they match, byte for byte."""
+    expected = {f"{s.id}/{name}": _sha256(data) for s in lock_stacks(lockset, matrix)
+                for name, data in s.files.items()}
+    ids = {rel.split("/", 1)[0] for rel in expected}
+    found = _tree_sums(directory)
+    folders = {rel.split("/", 1)[0] for rel in found if "/" in rel}
+    reasons = [f"{directory.name}/{name} is no target of the lock" for name in sorted(folders - ids)]
+    reasons += [f"{directory.name}/{name}/ is missing" for name in sorted(ids - folders)]
+    for rel in sorted(set(expected) | {r for r in found if r.split("/", 1)[0] in ids & folders}):
+        if rel.split("/", 1)[0] not in folders:
+            continue
+        if rel not in found:
+            reasons.append(f"{directory.name}/{rel} is missing")
+        elif rel not in expected:
+            reasons.append(f"{directory.name}/{rel} is not rendered from the lock")
+        elif found[rel] != expected[rel]:
+            reasons.append(f"{directory.name}/{rel} differs from what the lock renders")
+    return reasons
+
+
+def _sha256(data: FileData) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    if isinstance(data, bytes):
+        digest.update(data)
+        return digest.hexdigest()
+    return _file_sha256(data) or ""
+
+
+def _file_sha256(path: Path) -> str | None:
+    """The sha256 of a regular file, opened without blocking or following a link; None else."""
+    import hashlib
+    import os
+
+    from envbuild.confine import WHEEL_LIMIT, open_regular
+
+    try:
+        fd = open_regular(path, str(path), limit=WHEEL_LIMIT)
+    except UsageError:
+        return None
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def _tree_sums(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` by relative path, with its sha256 ('' for a link, FIFO or
+    other non-regular file: never equal to a rendered one); at most STACK_FILES_LIMIT."""
+    import os
+
+    sums: dict[str, str] = {}
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            if len(sums) >= STACK_FILES_LIMIT:
+                raise UsageError(f"{directory} holds more than {STACK_FILES_LIMIT} files",
+                                 hint="name the stacks/ folder 'ci github --lock' wrote")
+            path = Path(root, name)
+            sums[path.relative_to(directory).as_posix()] = _file_sha256(path) or ""
+    return sums
 
 
 def context_files(stacks: Sequence[CiStack]) -> dict[str, FileData]:

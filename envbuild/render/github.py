@@ -159,7 +159,8 @@ def _lock_check(options: CiOptions) -> dict[str, Any]:
                       {"name": "envbuild lock --check",
                        "env": {"ENVBUILD_VERSION": __version__, "LOCK": options.lock},
                        "run": _lines(['python3 -m pip install --user "envbuild==$ENVBUILD_VERSION"',
-                                      'python3 -m envbuild lock --check --output "$LOCK"'])}]}
+                                      # the stacks/ this workflow builds are the lock's too
+                                      'python3 -m envbuild lock --check --output "$LOCK" --stacks stacks'])}]}
 
 
 def _from_lock(options: CiOptions, body: dict[str, Any]) -> dict[str, Any]:

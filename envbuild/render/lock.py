@@ -725,8 +725,10 @@ def _optional_str(value: Any, field: str) -> str | None:
 
 
 def read_lock(path: Path) -> Lock:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    from envbuild.confine import read_regular
+
+    try:  # a regular file of bounded size, opened without blocking (as read_lockset reads it)
+        text = read_regular(path, f"lock {path}").decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read lock {path}: {exc}") from None
     return from_json(text)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,27 @@ def check_target_name(name: str, field: str = "target") -> str:
     return name
 
 
+def kubernetes_name(target: str) -> str:
+    """A target's name as Kubernetes names its Job (a DNS-1123 label: lowercase letters, digits
+    and '-', starting and ending with a letter or digit): '_' becomes '-', a trailing '-' goes.
+    Two target names can become one (``gpu-a``, ``gpu_a``): ``check_distinct_names`` refuses that."""
+    return target.replace("_", "-").rstrip("-")
+
+
+def check_distinct_names(names: Iterable[str], where: str = "the lock") -> None:
+    """UsageError when two target names become one identifier elsewhere (a Kubernetes Job: the
+    second submit would delete the first target's Job and both be judged on its pods)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        derived = kubernetes_name(name)
+        if derived in seen:
+            raise UsageError(f"targets {seen[derived]!r} and {name!r} of {where} would share the "
+                             f"Kubernetes Job name 'envbuild-fleet-{derived}'",
+                             hint="rename one: names that differ only in '_' against '-' or a "
+                                  "trailing '-' become one name in Kubernetes")
+        seen[derived] = name
+
+
 def from_json(text: str) -> LockSet:
     """Parse and validate a lock file of schema 1 or 2; any problem is a UsageError (exit 2)."""
     try:
@@ -140,6 +161,7 @@ def from_json(text: str) -> LockSet:
                 raise UsageError(f"two targets of the lock share {lock.pylock.file}")
             pylocks.add(lock.pylock.file)
         locks[name] = lock
+    check_distinct_names(locks)
     return LockSet(targets=locks, project=_project(data["project"]), flags=_flags(data.get("flags", [])))
 
 

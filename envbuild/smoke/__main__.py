@@ -21,7 +21,7 @@ import tempfile
 from typing import Sequence
 
 from .installed import compare_installed, pins_whole_environment
-from .lockfile import validate_lock
+from .lockfile import load_lock, validate_lock
 from .report import EXIT_INTERRUPTED, MAX_TIER, render_text
 from .runner import Options
 from .suite import run_smoke
@@ -120,8 +120,7 @@ def installed_only(options: Options) -> int:
         sys.stderr.write("smoke: --installed-only needs --lock FILE\n")
         return EXIT_UNUSABLE
     try:
-        with open(options.lock, encoding="utf-8") as handle:
-            lock = validate_lock(json.load(handle), options.target)
+        lock = validate_lock(load_lock(options.lock), options.target)
     except (OSError, ValueError) as exc:
         sys.stderr.write("smoke: lock %s unreadable: %s\n" % (options.lock, exc))
         return EXIT_UNUSABLE

@@ -6,8 +6,37 @@ every distribution, and ``diff_installed`` compares them with everything install
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 from typing import Any, Iterable, Mapping
+
+LOCK_LIMIT = 16 * 1024 * 1024  # as envbuild reads a lock (confine.TEXT_LIMIT)
+
+
+def load_lock(path: str) -> Any:
+    """The JSON of the lock file at ``path``, read by envbuild's rule for an input file
+    (envbuild/confine.py, which this payload cannot import): opened without blocking, a
+    regular file of at most LOCK_LIMIT bytes, never a FIFO that hangs the read or a device
+    that never ends it. OSError or ValueError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (a FIFO, socket, device or directory is never read)")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > LOCK_LIMIT:
+                raise ValueError("larger than %d MiB" % (LOCK_LIMIT >> 20))
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return json.loads(b"".join(chunks).decode("utf-8"))
 
 
 def canonical_name(name: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -10,7 +9,7 @@ from typing import Mapping
 
 from .diagnose import classify_cuda_error
 from .installed import compare_installed, pins_whole_environment
-from .lockfile import canonical_name, diff_lock, diff_stack, validate_lock
+from .lockfile import canonical_name, diff_lock, diff_stack, load_lock, validate_lock
 from .probes import (
     detect_container,
     gpu_device_nodes,
@@ -93,8 +92,7 @@ def check_numpy(torch: object) -> Outcome:
 
 def lock_variant(path: str, target: str | None = None) -> str:
     try:
-        with open(path, encoding="utf-8") as handle:
-            lock = validate_lock(json.load(handle), target)
+        lock = validate_lock(load_lock(path), target)
         return str(lock["stack"]["variant"] or "")
     except (OSError, ValueError, KeyError, TypeError):
         return ""
@@ -211,8 +209,7 @@ def _check_gpu_env(run: Run) -> Outcome:
 def _check_lock(run: Run) -> Outcome:
     path = run.options.lock or ""
     try:
-        with open(path, encoding="utf-8") as handle:
-            lock = validate_lock(json.load(handle), run.options.target)
+        lock = validate_lock(load_lock(path), run.options.target)
     except (OSError, ValueError) as exc:
         return fail(
             "lock %s unreadable: %s" % (path, exc),

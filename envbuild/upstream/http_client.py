@@ -241,18 +241,22 @@ class HttpClient:
         *,
         data: bytes | None = None,
         allow: frozenset[int] = frozenset(),
+        secret_body: bool = False,
     ) -> Reply:
         """Any idempotent request (a registry's manifest PUT, a token POST) with ``get``'s
-        retries, budget and redirect rules; ``data`` is sent again on each try."""
-        return self._request(method, url, headers, allow, data)
+        retries, budget and redirect rules; ``data`` is sent again on each try. A
+        ``secret_body`` (a token grant's form) is never sent to another origin: a 307/308 there
+        is refused, a 301/302/303 becomes a GET without it (RFC 9110 15.4)."""
+        return self._request(method, url, headers, allow, data, secret_body)
 
     def _request(self, method: str, url: str, headers: Mapping[str, str] | None,
-                 allow: frozenset[int], data: bytes | None = None) -> Reply:
+                 allow: frozenset[int], data: bytes | None = None, secret_body: bool = False) -> Reply:
         reason = ""
         with _Deadline(self.policy.total_timeout_s) as deadline:
             for attempt in range(self.policy.attempts):
                 try:
-                    return self._get_once(method, url, dict(headers or {}), allow, deadline, data)
+                    return self._get_once(method, url, dict(headers or {}), allow, deadline, data,
+                                          secret_body)
                 except _Retry as retry:
                     if deadline.expired or deadline.remaining() <= 0:
                         raise self._too_slow(url) from retry
@@ -277,17 +281,24 @@ class HttpClient:
         )
 
     def _get_once(self, method: str, url: str, headers: dict[str, str], allow: frozenset[int],
-                  deadline: _Deadline, data: bytes | None = None) -> Reply:
+                  deadline: _Deadline, data: bytes | None = None, secret_body: bool = False) -> Reply:
         for _ in range(self.policy.max_redirects + 1):
             response = self._send(method, url, headers, deadline, data)
             with response:
                 if response.is_redirect:
                     target = urljoin(url, response.headers["Location"])
                     check_redirect(url, target)
+                    method, headers, data = redirected(response.status_code, method, headers, data)
                     if _origin(target) != _origin(url):
                         # A token or password is for the server it was given to, not for
-                        # wherever that server sends us.
-                        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+                        # wherever that server sends us: no header, no form that holds one.
+                        if data is not None and secret_body:
+                            raise DataError(
+                                f"refusing to send credentials to another origin: {_shown(url)} "
+                                f"redirected the request ({response.status_code}) to {_shown(target)}",
+                                hint="credentials go only to the server they were given for; "
+                                     "check the registry's token realm")
+                        headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
                     url = target
                     continue
                 return self._reply(url, response, ranged="Range" in headers, allow=allow,
@@ -313,6 +324,9 @@ class HttpClient:
         except requests.exceptions.SSLError as exc:
             if deadline.expired:  # the watchdog cut the handshake or a TLS read
                 raise _Retry("deadline passed") from exc
+            if not is_verification_failure(exc):  # no certificate was judged: no TLS spoken there
+                raise DataError(f"no TLS handshake with {url}: {exc}",
+                                hint="the server may not speak TLS at that address") from exc
             raise DataError(
                 f"TLS verification failed for {url}: {exc}",
                 hint="set PIP_CERT or REQUESTS_CA_BUNDLE to your CA bundle",
@@ -377,6 +391,34 @@ class HttpClient:
             )
         return delay
 
+
+
+def is_verification_failure(exc: BaseException) -> bool:
+    """Whether a TLS error is a certificate that failed verification (untrusted, expired, for
+    another name), not a handshake that never happened (a plain-http server, a reset)."""
+    text = str(exc)
+    return "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text \
+        or "doesn't match" in text or "hostname mismatch" in text.lower()
+
+
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def redirected(status: int, method: str, headers: dict[str, str],
+               data: bytes | None) -> tuple[str, dict[str, str], bytes | None]:
+    """The request a redirect asks for (RFC 9110 15.4): 303 is a GET (HEAD stays HEAD), a
+    POST answered 301 or 302 becomes a GET as every user agent makes it, both without the
+    body or its headers; 307 and 308 keep the method and the body."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        kept = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-length")}
+        return "GET", kept, None
+    return method, headers, data
+
+
+def _shown(url: str) -> str:
+    """A URL as a message shows it: its origin and path, no query (it may carry a credential)."""
+    parts = urlsplit(url)
+    return redact(f"{parts.scheme}://{parts.netloc}{parts.path}")
 
 
 def _origin(url: str) -> tuple[str, str]:
