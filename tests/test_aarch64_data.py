@@ -93,8 +93,8 @@ def test_host_arch_without_its_source_is_reported(data_copy: Path) -> None:
 
 def test_two_package_index_defaults_for_one_release_are_reported(data_copy: Path) -> None:
     text = (data_copy / "torch_aarch64.yaml").read_text()
-    old = '- torch: "2.13.0"\n  variant: cu132\n  arch_list:\n  - sm_80\n  - sm_90\n  - sm_100\n  - sm_110\n' \
-          '  - sm_120\n  pytorch_index: true\n  pypi_default: false'
+    old = ('- torch: "2.13.0"\n  variant: cu132\n  arch_list:\n  - sm_80\n  - sm_90\n  - sm_100\n'
+           '  - sm_110\n  - sm_120\n  pytorch_index: true\n  pypi_default: false')
     assert old in text
     (data_copy / "torch_aarch64.yaml").write_text(text.replace(old, old.replace(
         "pypi_default: false", "pypi_default: true"), 1))
