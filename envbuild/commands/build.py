@@ -223,7 +223,7 @@ def _base_os(lock: Lock, client: Any) -> BaseOs | None:
     from envbuild.pylock.install import unfit_wheels
 
     unfit = unfit_wheels(read_pylock(lock.pylock.text), python=lock.stack.python,
-                         glibc=lock.pylock.glibc, runs_on=found.glibc)
+                         glibc=lock.pylock.glibc, runs_on=found.glibc, arch=lock.pylock.arch)
     if unfit:
         raise BuildFailed(f"base image {name} has glibc {found.glibc}; the lock's closure, resolved for "
                           f"glibc {lock.pylock.glibc} (Ubuntu {lock.stack.ubuntu}'s), installs wheels "

@@ -174,6 +174,8 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
     if not (args.gpu or args.arch or args.host):
         ns.gpu, ns.arch = list(target.gpus), list(target.archs)
     ns.datacenter = args.datacenter or target.datacenter
+    if getattr(args, "platform", None) is None:  # else inferred from its GPUs, as resolve does
+        ns.platform = target.platform
     for key in _STACK_KEYS:
         if getattr(args, key) is None:
             setattr(ns, key, getattr(project, key))
@@ -355,14 +357,14 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
-    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
+    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc, spec.arch)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
-                    platform=platform_tag(spec.glibc), text=closure.pylock_text,
+                    platform=platform_tag(spec.glibc, spec.arch), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=closure_inputs(spec))
@@ -396,6 +398,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         installer=None if installer_choice(args, project) == "pip" else "uv",
         no_binary=() if project is None else project.build_sdists,
         env=env,
+        arch=lock.stack.machine,
     )
 
 
@@ -417,6 +420,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
             "installer": "pip" if spec.installer is None else "uv"}
     if spec.no_binary:  # only when set: the fingerprint of a lock without them stays as it was
         data["no_binary"] = list(spec.no_binary)
+    if spec.arch != "x86_64":  # likewise: an x86_64 lock's fingerprint is what it was
+        data["arch"] = spec.arch
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 

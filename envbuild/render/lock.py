@@ -170,6 +170,11 @@ class PylockRef:
         """The glibc minor the platform names ("2.35")."""
         return self.platform.rsplit("_", 2)[-2] + "." + self.platform.rsplit("_", 1)[-1]
 
+    @property
+    def arch(self) -> str:
+        """The CPU the platform names: x86_64 or aarch64."""
+        return self.platform.split("-", 1)[0]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lock:
