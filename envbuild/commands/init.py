@@ -115,7 +115,8 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         pyproject = PYPROJECT if isinstance(document.get("project"), dict) else None
     values = InitValues(
         target=args.target, driver=driver, gpus=tuple(gpus), archs=tuple(archs),
-        datacenter=args.datacenter, platform=platform, variant=_checked("--variant", "variant", variant) if variant else None,
+        datacenter=args.datacenter, platform=platform,
+        variant=_checked("--variant", "variant", variant) if variant else None,
         flavor=args.flavor or "runtime",
         torch_index_url=(_checked("--index-url", "torch-index-url", args.index_url)
                          if args.index_url else None),

@@ -357,7 +357,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
-    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc, spec.arch)} (Ubuntu {lock.stack.ubuntu}'s "
+    tag = platform_tag(spec.glibc, spec.arch)
+    steps.step(f"resolving the closure with uv for {tag} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")

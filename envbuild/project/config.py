@@ -37,7 +37,8 @@ STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor",
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
               "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
-TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
+TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS,
+            *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
 
