@@ -338,7 +338,10 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
     from envbuild.registry.reference import pinned
 
     mirrors = {} if project is None else dict(project.registry_mirrors)
-    digest = image_digest(lock.base_image, mirrors=mirrors, env=env)
+    # An arm64 target's base by its arm64 manifest: a multi-arch index digest can run the
+    # wrong architecture (under emulation) wherever the platform is not given.
+    digest = image_digest(lock.base_image, mirrors=mirrors, env=env,
+                          platform=lock.stack.platform if lock.stack.platform != "linux/amd64" else None)
     return replace(lock, base_image=pinned(lock.base_image, digest), base_digest=digest)
 
 
