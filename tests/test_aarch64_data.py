@@ -63,7 +63,7 @@ def test_grace_and_spark_gpus_name_their_host() -> None:
 
 
 def test_aarch64_row_without_an_x86_variant_is_reported(data_copy: Path) -> None:
-    """docs/faults.md S (aarch64 data): an aarch64 variant takes its CUDA and Pythons from the
+    """docs/faults.md S16: an aarch64 variant takes its CUDA and Pythons from the
     x86_64 row of its release, so a row naming a variant that has none is a misread."""
     _replace(data_copy / "torch_aarch64.yaml", '- torch: "2.15.0"\n  variant: cu132',
              '- torch: "2.15.0"\n  variant: cu130')
