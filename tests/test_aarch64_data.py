@@ -3,35 +3,13 @@ host architecture, and the checks that catch a damaged row."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-import pytest
+from test_matrix import BUNDLED, _problems, _replace, data_copy
 
 from envbuild.data import matrix
-from envbuild.errors import DataError
 
-BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
-
-
-@pytest.fixture
-def data_copy(tmp_path: Path) -> Path:
-    target = tmp_path / "matrices"
-    shutil.copytree(BUNDLED, target)
-    return target
-
-
-def _problems(directory: Path) -> list[str]:
-    matrix.load.cache_clear()
-    with pytest.raises(DataError) as info:
-        matrix.load(directory)
-    return list(info.value.details)
-
-
-def _replace(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {path.name}"
-    path.write_text(text.replace(old, new, 1))
+__all__ = ["data_copy"]  # the fixture, imported for pytest
 
 
 def test_aarch64_lists_start_at_sm_80_and_cuda_13_adds_thor() -> None:

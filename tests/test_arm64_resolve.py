@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from schemas import check
 
 from envbuild.commands.cli import main
 from envbuild.data import matrix
 from envbuild.resolver.model import Request
 from envbuild.resolver.resolve import resolve
 from envbuild.resolver.selection import Selectors, build_request
-from tests.schemas import check
 
 BUNDLED = Path(__file__).resolve().parent.parent / "matrices"
 

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.test_lock_command import BASE, PURE, UV, env, run, serve_indexes
+from test_lock_command import BASE, PURE, UV, env, run, serve_indexes
 
 __all__ = ["env"]  # the fixture, imported for pytest
 
