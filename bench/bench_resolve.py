@@ -42,6 +42,8 @@ FORMS = [
     ["resolve", "--python", "3.11"],
     ["resolve", "--cuda", "12.4"],
     ["resolve", "--driver=550"],
+    ["resolve", "--gpu", "GH200"],  # linux/arm64: the aarch64 rows and the GPU catalogue
+    ["resolve", "--platform", "linux/arm64", "--driver", "580"],
 ]
 FLOORS = 3  # the first three commands measured are the floors, not envbuild
 EMPTY = "envbuild_bench_empty"  # the empty module `python -m` runs for its floor

@@ -32,7 +32,7 @@ _OPTIONS = {
     "--python": ("python", "one"), "--cuda": ("cuda", "one"), "--cudnn": ("cudnn", "one"),
     "--ubuntu": ("ubuntu", "one"), "--variant": ("variant", "one"), "--flavor": ("flavor", "one"),
     "--index-url": ("index_url", "one"), "--top": ("top", "one"), "--json": ("json", "flag"),
-    "--explain": ("explain", "flag"),
+    "--explain": ("explain", "flag"), "--platform": ("platform", "one"),
 }
 
 
@@ -95,7 +95,7 @@ def plain_resolve_args(argv: Sequence[str]) -> tuple[Selectors, Output] | None:
         datacenter="datacenter" in flags, torch=values.get("torch"), python=values.get("python"),
         cuda=values.get("cuda"), cudnn=values.get("cudnn"), ubuntu=values.get("ubuntu"),
         variant=values.get("variant"), flavor="devel" if flavor == "devel" else "runtime",
-        index_url=values.get("index_url"))
+        index_url=values.get("index_url"), platform=values.get("platform"))
     return selectors, Output(matrices=matrices, top=int(top), json="json" in flags,
                              explain="explain" in flags)
 

@@ -33,9 +33,12 @@ def matching_lock() -> lockmod.Lock:
     return lockmod.from_json(json.dumps(data))
 
 
-def write_lock(directory: Path, placements: dict[str, Placement]) -> Path:
+def write_lock(directory: Path, placements: dict[str, Placement],
+               platforms: dict[str, str] | None = None) -> Path:
+    """``platforms``: a target's stack platform (linux/arm64), else the golden's (linux/amd64)."""
     base = matching_lock()
-    lockset = LockSet(targets={name: replace(base, fleet=p) for name, p in placements.items()})
+    lockset = LockSet(targets={name: replace(base, fleet=p, stack=base.stack.replace(
+        platform=(platforms or {}).get(name, base.stack.platform))) for name, p in placements.items()})
     path = directory / "envbuild.lock"
     path.write_text(lockset.to_json())
     return path

@@ -51,6 +51,11 @@ PLAIN = [
     ["resolve", "--driver", "470.82", "--cuda", "12.4", "--json"],  # exit 3
     ["resolve", "--driver", "418", "--gpu", "T4", "--datacenter"],  # exit 3
     ["resolve", "--driver", "abc"],  # exit 2
+    ["resolve", "--gpu", "GH200", "--json"],  # issue 38: a Grace GPU implies linux/arm64
+    ["resolve", "--gpu", "GB10", "--variant", "cu128"],  # exit 3: CUDA 13 for DGX Spark
+    ["resolve", "--platform", "linux/arm64", "--arch", "sm_75"],  # exit 3: T4G on Arm
+    ["resolve", "--platform=linux/arm64", "--driver", "580", "--json"],
+    ["resolve", "--platform", "sm_90"],  # exit 2: --arch's value
 ]
 
 

@@ -57,7 +57,7 @@ def test_sbatch_one_task_per_node_for_every_launcher(capsys: pytest.CaptureFixtu
     if launcher != "pyxis":
         shellcheck(out / "h100.node.sh")
     assert "--expect-gpus 8" in step
-    expected = {"docker": ["docker run --rm --gpus all --shm-size=16g", IMAGE],
+    expected = {"docker": ["docker run --rm --platform linux/amd64 --gpus all --shm-size=16g", IMAGE],
                 "pyxis": [f"--container-image={IMAGE}"],
                 "apptainer": ["apptainer exec --nv", f"docker://{IMAGE}"],
                 "host": ["/opt/envbuild/venv/bin/python \"$FLEET_DIR/smoke.py\""]}[launcher]
@@ -94,7 +94,9 @@ def test_indexed_job_validates_and_says_what_the_issue_asks(capsys: pytest.Captu
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
     assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 900
     pod = spec["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # issue 38: the stack's architecture too, so that an image never lands on the other kind of node
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                                   "kubernetes.io/arch": "amd64"}
     term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     matched = term["labelSelector"]["matchLabels"]

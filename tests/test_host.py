@@ -556,6 +556,7 @@ TOP_KEYS = [
     "os_release",
     "cpu_count",
     "shm_bytes",
+    "platform",  # issue 38: linux/amd64 or linux/arm64, from the kernel's machine name
     "problems",
     "advice",
 ]
@@ -592,6 +593,7 @@ def test_json_of_an_empty_host() -> None:
         "os_release": {},
         "cpu_count": None,
         "shm_bytes": None,
+        "platform": None,
         "problems": [],
         "advice": [],
     }
@@ -730,3 +732,13 @@ def test_t5_detect_still_reports_when_the_data_cannot_be_read(tmp_path: Path) ->
         code = cli.main(["--matrices", str(data), "detect", "--from", str(FIXTURES / "t4_table_470.txt")],
                         dict(os.environ))
     assert code == 0 and "Tesla T4: cc unknown" in out.getvalue()
+
+
+def test_detect_reports_the_hosts_platform_in_dockers_spelling() -> None:
+    """issue 38: uname's machine as Docker names the platform; another machine is None."""
+    assert probe.probe_platform("x86_64") == "linux/amd64"
+    assert probe.probe_platform("aarch64") == "linux/arm64"
+    assert probe.probe_platform("ppc64le") is None
+    facts = HostFacts(platform="linux/arm64", os_release={"NAME": "Ubuntu"}, cpu_count=72)
+    assert report.to_json(facts)["platform"] == "linux/arm64"
+    assert "Platform    linux/arm64" in report.format_human(facts)

@@ -153,6 +153,20 @@ def test_init_from_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert load_project(None, tmp_path).targets[0].driver == "560"
 
 
+def test_init_on_an_arm64_host_records_its_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 38: an H100 in a Grace server implies no platform by its name: the host's is kept."""
+    from dataclasses import replace
+
+    monkeypatch.chdir(tmp_path)
+    probed = replace(host.parse_saved((FIXTURES / "rtx4090_table.txt").read_text()), platform="linux/arm64")
+    monkeypatch.setattr(host, "probe_host", lambda env, **_: probed)
+    assert run(capsys, "--host")[0] == 0
+    assert load_project(None, tmp_path).targets[0].platform == "linux/arm64"
+    code, _, err = run(capsys, "--platform", "arm64", "--force")
+    assert code == 2 and "unknown platform 'arm64'" in err
+
+
 def test_init_from_a_host_without_gpu_writes_a_cpu_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
@@ -192,6 +206,7 @@ VALUES = st.builds(
     archs=st.lists(st.sampled_from(["sm_70", "sm_80", "sm_89", "sm_90", "sm_120"]), max_size=3,
                    unique=True).map(tuple),
     datacenter=st.booleans(),
+    platform=st.none() | st.sampled_from(["linux/amd64", "linux/arm64"]),
     torch=st.none() | st.sampled_from(["2.4", "2.4.1", ">=2.3,<2.6", "2.13.0+cu126"]),
     python=st.none() | st.sampled_from(["3.11", "3.13t", ">=3.10"]),
     cuda=st.none() | st.sampled_from(["12.4", "13"]),
@@ -211,7 +226,8 @@ def test_round_trip_property(values: InitValues, block: bool) -> None:
     text = render_project(values, pyproject_block=block)
     project = project_from_text(text, Path("/nowhere") / name, shown=name)
     assert project.targets == (Target(name=values.target, driver=values.driver, gpus=values.gpus,
-                                      archs=values.archs, datacenter=values.datacenter),)
+                                      archs=values.archs, datacenter=values.datacenter,
+                                      platform=values.platform),)
     assert (project.torch, project.python, project.cuda, project.cudnn, project.ubuntu, project.variant,
             project.flavor, project.torch_index_url) == (
         values.torch, values.python, values.cuda, values.cudnn, values.ubuntu, values.variant,

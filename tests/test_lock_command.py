@@ -41,8 +41,16 @@ def _sha(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("indexes")
-    for index, dists in INDEXES.items():
+    yield from serve_indexes(tmp_path_factory.mktemp("indexes"), INDEXES)
+
+
+Dists = dict[str, list[tuple[str, str, str, tuple[str, ...]]]]
+
+
+def serve_indexes(root: Path, indexes: Dists) -> Iterator[str]:
+    """PEP 503 pages with PEP 658 metadata for ``indexes`` (index → (name, version, tag,
+    requires)), served on 127.0.0.1 while the generator is suspended."""
+    for index, dists in indexes.items():
         pages: dict[str, list[str]] = {}
         (root / index / "files").mkdir(parents=True)
         for name, version, tag, requires in dists:

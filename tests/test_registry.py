@@ -57,6 +57,7 @@ class FakeRegistry:
     base: str = ""
     host: str = ""
     manifests: dict[str, bytes] = field(default_factory=dict)  # "name:tag" → body
+    blobs: dict[str, bytes] = field(default_factory=dict)  # "name@sha256:…" → body (image configs)
     token: str | None = None
     token_server_refuses: bool = False
     challenge: str | None = None  # WWW-Authenticate override
@@ -98,6 +99,11 @@ def _handler(fake: FakeRegistry) -> type[http.server.BaseHTTPRequestHandler]:
                 else:
                     self._send(200, {"Content-Type": "application/json"},
                                json.dumps({"token": fake.token, "expires_in": 300}).encode(), body_too)
+                return
+            blob = url.path.split("/blobs/")
+            if len(blob) == 2 and f"{blob[0][len('/v2/'):]}@{blob[1]}" in fake.blobs:
+                self._send(200, {"Content-Type": "application/octet-stream"},
+                           fake.blobs[f"{blob[0][len('/v2/'):]}@{blob[1]}"], body_too)
                 return
             parts = url.path.split("/manifests/")
             if len(parts) != 2 or not parts[0].startswith("/v2/"):
@@ -620,3 +626,49 @@ def test_real_registry_with_token_authentication(pushed_base: tuple[str, str], r
             with pytest.raises(DataError, match="wants credentials") as caught:
                 image_digest(served, env=os.environ)
             assert caught.value.exit_code == 4
+
+
+# --------------------------------------------------------------------------- B10: a platform's digest
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _index(*platforms: str) -> bytes:
+    return json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": DOCKER_V2, "size": 7, "digest": sha(manifest(p)),
+         "platform": {"os": p.split("/")[0], "architecture": p.split("/")[1]}} for p in platforms]}).encode()
+
+
+def _single(platform: str) -> tuple[bytes, str, bytes]:
+    """A one-image manifest whose config says ``platform``: (manifest, config digest, config)."""
+    config = json.dumps({"os": platform.split("/")[0], "architecture": platform.split("/")[1]}).encode()
+    body = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_V2,
+                       "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                                  "digest": sha(config), "size": len(config)}, "layers": []}).encode()
+    return body, sha(config), config
+
+
+def test_b10_an_arm64_target_pins_the_arm64_manifest_of_a_multi_arch_tag() -> None:
+    """docs/faults.md B10: the index digest would let an engine pick (or emulate) another
+    architecture; an arm64 target's lock pins the arm64 entry's own digest."""
+    fake = FakeRegistry(manifests={"nvidia/cuda:13.0.2": _index("linux/amd64", "linux/arm64"),
+                                   "library/x86only:1": _index("linux/amd64")})
+    with serve(fake):
+        assert image_digest(f"{fake.host}/nvidia/cuda:13.0.2", env={}, platform="linux/arm64") == \
+            sha(manifest("linux/arm64"))
+        index = _index("linux/amd64", "linux/arm64")
+        assert image_digest(f"{fake.host}/nvidia/cuda:13.0.2", env={}) == sha(index)
+        with pytest.raises(DataError, match=r"has no linux/arm64 image \(its index lists linux/amd64\)"):
+            image_digest(f"{fake.host}/library/x86only:1", env={}, platform="linux/arm64")
+
+
+def test_b10_a_single_image_tag_is_pinned_only_when_its_config_says_the_platform() -> None:
+    arm, arm_config_digest, arm_config = _single("linux/arm64")
+    amd, amd_config_digest, amd_config = _single("linux/amd64")
+    fake = FakeRegistry(manifests={"acme/arm:1": arm, "acme/amd:1": amd},
+                        blobs={f"acme/arm@{arm_config_digest}": arm_config,
+                               f"acme/amd@{amd_config_digest}": amd_config})
+    with serve(fake):
+        assert image_digest(f"{fake.host}/acme/arm:1", env={}, platform="linux/arm64") == sha(arm)
+        with pytest.raises(DataError, match="is a linux/amd64 image, not linux/arm64"):
+            image_digest(f"{fake.host}/acme/amd:1", env={}, platform="linux/arm64")

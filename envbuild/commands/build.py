@@ -135,8 +135,8 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         if several and name is not None:
             tag, push = bt.with_target(tag, name), push and bt.with_target(push, name)
             _err(f"== target {name} ({number}/{len(names)})")
-        report = _build_one(bt.for_target(args, name), env, builder, client, lock, files, tag=tag,
-                            push=push, timestamp=timestamp, say=say)
+        report = _build_one(bt.for_target(args, name), env, for_platform(builder, lock.stack.platform),
+                            client, lock, files, tag=tag, push=push, timestamp=timestamp, say=say)
         reports.append(report)
         entries.append(bt.entry(name, report["tag"], report["image_id"], builder.name, report.get("pushed")))
     if args.report:
@@ -223,7 +223,7 @@ def _base_os(lock: Lock, client: Any) -> BaseOs | None:
     from envbuild.pylock.install import unfit_wheels
 
     unfit = unfit_wheels(read_pylock(lock.pylock.text), python=lock.stack.python,
-                         glibc=lock.pylock.glibc, runs_on=found.glibc)
+                         glibc=lock.pylock.glibc, runs_on=found.glibc, arch=lock.pylock.arch)
     if unfit:
         raise BuildFailed(f"base image {name} has glibc {found.glibc}; the lock's closure, resolved for "
                           f"glibc {lock.pylock.glibc} (Ubuntu {lock.stack.ubuntu}'s), installs wheels "
@@ -245,6 +245,14 @@ def _source_date_epoch(env: Mapping[str, str]) -> int | None:
     if not text.isdigit():
         raise UsageError(f"SOURCE_DATE_EPOCH={text!r} is not a count of seconds")
     return int(text)
+
+
+def for_platform(builder: Any, platform: str) -> Any:
+    """The builder for one target: an aarch64 target's image is built for linux/arm64 (natively on
+    an arm64 host, else under the engine's emulation); an amd64 one as before, by the host."""
+    from dataclasses import replace
+
+    return replace(builder, platform=platform) if platform != "linux/amd64" else builder
 
 
 def _builder(kind: str, env: Mapping[str, str], *, nocache: bool, load: bool = True) -> tuple[Any, Any]:

@@ -64,7 +64,8 @@ def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
     images = read_build_report(Path(args.images)) if args.images else {}
     images.update(parse_image_flags(args.image))
     placements = {name: lock.fleet for name, lock in lockset.targets.items()}
-    targets = plan_targets(placements, args.engine, images, cpu_ok=args.cpu_ok)
+    platforms = {name: lock.stack.platform for name, lock in lockset.targets.items()}
+    targets = plan_targets(placements, args.engine, images, cpu_ok=args.cpu_ok, platforms=platforms)
     return targets, read_regular(path, f"lock {path}")  # as read_lockset read it: never a FIFO
 
 

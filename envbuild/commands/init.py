@@ -44,14 +44,17 @@ def _checked(flag: str, key: str, value: str) -> str:
 
 
 def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[str], list[str],
-                                                                         str | None, str | None]:
-    """(GPU names, archs, driver, a note) from the flags (as the user wrote them) and from
-    --host (as the data spells them; a GPU the data does not know, by its architecture)."""
+                                                                         str | None, str | None,
+                                                                         str | None]:
+    """(GPU names, archs, driver, a note, platform) from the flags (as the user wrote them) and
+    from --host (as the data spells them; a GPU the data does not know, by its architecture;
+    the platform when the host is linux/arm64, which its GPUs may not imply)."""
     from envbuild.data.gpus import find_gpu
 
     gpus = [_checked("--gpu", "gpus", name) for name in args.gpu]
     archs = [_checked("--arch", "archs", arch) for arch in args.arch]
     driver = _checked("--driver", "driver", args.driver) if args.driver is not None else None
+    platform = _checked("--platform", "platform", args.platform) if args.platform is not None else None
     note = None
     if gpus or args.host:
         rows = load_matrix(args, env).rows("gpus")
@@ -63,6 +66,8 @@ def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[s
         facts = probe.probe_host(env)
         if driver is None and facts.driver_version:
             driver = facts.driver_version
+        if platform is None and facts.platform == "linux/arm64":
+            platform = facts.platform
         for gpu in facts.gpus:
             try:
                 gpus.append(find_gpu(rows, gpu.name).label)
@@ -73,7 +78,7 @@ def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[s
                 archs.append("sm_" + gpu.compute_capability.replace(".", ""))
         if not facts.gpus:
             note = "No NVIDIA GPU was found on the host that ran `envbuild init`: a CPU-only target."
-    return list(dict.fromkeys(gpus)), list(dict.fromkeys(archs)), driver, note
+    return list(dict.fromkeys(gpus)), list(dict.fromkeys(archs)), driver, note, platform
 
 
 def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
@@ -90,7 +95,7 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         raise UsageError(f"cannot write {args.output}: {output.parent} is not a directory",
                          hint="create it first, or name another -o/--output")
     _checked("--target", "name", args.target)
-    gpus, archs, driver, note = _gpu_names(args, env)
+    gpus, archs, driver, note, platform = _gpu_names(args, env)
     variant = args.variant
     if note is not None and variant is None:
         variant = "cpu"
@@ -110,7 +115,8 @@ def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         pyproject = PYPROJECT if isinstance(document.get("project"), dict) else None
     values = InitValues(
         target=args.target, driver=driver, gpus=tuple(gpus), archs=tuple(archs),
-        datacenter=args.datacenter, variant=_checked("--variant", "variant", variant) if variant else None,
+        datacenter=args.datacenter, platform=platform,
+        variant=_checked("--variant", "variant", variant) if variant else None,
         flavor=args.flavor or "runtime",
         torch_index_url=(_checked("--index-url", "torch-index-url", args.index_url)
                          if args.index_url else None),

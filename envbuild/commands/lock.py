@@ -202,6 +202,8 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
     if not (args.gpu or args.arch or args.host):
         ns.gpu, ns.arch = list(target.gpus), list(target.archs)
     ns.datacenter = args.datacenter or target.datacenter
+    if getattr(args, "platform", None) is None:  # else inferred from its GPUs, as resolve does
+        ns.platform = target.platform
     for key in _STACK_KEYS:
         if getattr(args, key) is None:
             setattr(ns, key, getattr(project, key))
@@ -368,7 +370,10 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
     from envbuild.registry.reference import pinned
 
     mirrors = {} if project is None else dict(project.registry_mirrors)
-    digest = image_digest(lock.base_image, mirrors=mirrors, env=env)
+    # An arm64 target's base by its arm64 manifest: a multi-arch index digest can run the
+    # wrong architecture (under emulation) wherever the platform is not given.
+    digest = image_digest(lock.base_image, mirrors=mirrors, env=env,
+                          platform=lock.stack.platform if lock.stack.platform != "linux/amd64" else None)
     return replace(lock, base_image=pinned(lock.base_image, digest), base_digest=digest)
 
 
@@ -387,7 +392,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
-    steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
+    tag = platform_tag(spec.glibc, spec.arch)
+    steps.step(f"resolving the closure with uv for {tag} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
     if project is not None and project.hashes:
@@ -400,7 +406,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
                     torch_layer=tuple(sorted(closure.torch_layer)),
-                    platform=platform_tag(spec.glibc), text=closure.pylock_text,
+                    platform=platform_tag(spec.glibc, spec.arch), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=closure_inputs(spec))
@@ -435,6 +441,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         no_binary=() if project is None else project.build_sdists,
         constraints=() if project is None else project.constraints,
         env=env,
+        arch=lock.stack.machine,
     )
 
 
@@ -458,6 +465,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
         data["no_binary"] = list(spec.no_binary)
     if spec.constraints:  # likewise
         data["constraints"] = list(spec.constraints)
+    if spec.arch != "x86_64":  # likewise: an x86_64 lock's fingerprint is what it was
+        data["arch"] = spec.arch
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 

@@ -26,7 +26,8 @@ Kind = Literal["value", "list", "true", "false"]
 RESULT_FLAGS: tuple[tuple[str, str, Kind, object], ...] = (
     ("--driver", "driver", "value", None), ("--host", "host", "true", False),
     ("--gpu", "gpu", "list", ()), ("--arch", "arch", "list", ()),
-    ("--datacenter", "datacenter", "true", False), ("--torch", "torch", "value", None),
+    ("--datacenter", "datacenter", "true", False), ("--platform", "platform", "value", None),
+    ("--torch", "torch", "value", None),
     ("--python", "python", "value", None), ("--cuda", "cuda", "value", None),
     ("--cudnn", "cudnn", "value", None), ("--ubuntu", "ubuntu", "value", None),
     ("--variant", "variant", "value", None), ("--flavor", "flavor", "value", None),

@@ -77,6 +77,10 @@ def add_selectors(p: argparse.ArgumentParser) -> None:
                       help="target GPU architecture (repeatable), e.g. sm_89")
     host.add_argument("--datacenter", action="store_true",
                       help="the GPUs are datacenter parts (allows forward compatibility)")
+    host.add_argument("--platform", metavar="OS/ARCH",
+                      help="the host's platform, as Docker spells it: linux/amd64 or linux/arm64 "
+                           "(default: the host's with --host, linux/arm64 for a Grace or DGX Spark "
+                           "GPU, else linux/amd64); --arch names the GPU's sm_XY, not this"),
     stack = p.add_argument_group("stack")
     for name, example in (("torch", "2.4.1, 2.4, >=2.3,<2.6"), ("python", "3.11"),
                           ("cuda", "12.4"), ("cudnn", "9")):

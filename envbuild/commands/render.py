@@ -184,7 +184,7 @@ def host_setup(args: argparse.Namespace, env: Mapping[str, str], lock: Lock) -> 
     return choose(lock.stack.min_driver, matrix.rows("driver_branches"), matrix.rows("container_toolkit"),
                   request.gpus, request.driver.branch if request.driver else None,
                   nvswitch=args.nvswitch, runtime=args.container_runtime,
-                  forward=lock.stack.compat == "forward")
+                  forward=lock.stack.compat == "forward", platform=lock.stack.platform)
 
 
 def reject_host_options(args: argparse.Namespace) -> None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 _FIELDS = ("label", "compute_capability", "datacenter", "min_driver_branch", "last_driver_branch",
-           "source")
+           "source", "host_arch", "min_cuda", "family")
 
 
 class GpuTarget:
@@ -34,12 +34,17 @@ class GpuTarget:
     min_driver_branch: int | None
     last_driver_branch: int | None
     source: str | None
+    host_arch: str | None  # "aarch64": built into an Arm system (Grace, DGX Spark)
+    min_cuda: str | None  # the lowest CUDA whose wheels run on it, where the arch list is not enough
+    family: str | None  # the product line (gpus.yaml): "Jetson" is out of scope
 
     def __init__(self, *, label: str, compute_capability: str, datacenter: bool | None = None,
                  min_driver_branch: int | None = None, last_driver_branch: int | None = None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, host_arch: str | None = None,
+                 min_cuda: str | None = None, family: str | None = None) -> None:
         for name, value in zip(_FIELDS, (label, compute_capability, datacenter, min_driver_branch,
-                                         last_driver_branch, source), strict=True):
+                                         last_driver_branch, source, host_arch, min_cuda, family),
+                               strict=True):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -61,9 +66,8 @@ class GpuTarget:
         return f"GpuTarget({fields})"
 
     def with_datacenter(self) -> GpuTarget:
-        return GpuTarget(label=self.label, compute_capability=self.compute_capability,
-                         datacenter=True, min_driver_branch=self.min_driver_branch,
-                         last_driver_branch=self.last_driver_branch, source=self.source)
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        return GpuTarget(**{**fields, "datacenter": True})
 
     @property
     def sm(self) -> str:
@@ -204,6 +208,9 @@ def target_from_row(row: Mapping[str, Any], *, label: str) -> GpuTarget:
         min_driver_branch=row.get("min_driver_branch"),
         last_driver_branch=row.get("last_driver_branch"),
         source=row.get("driver_source") or row["source"],
+        host_arch=row.get("host_arch"),
+        min_cuda=row.get("min_cuda"),
+        family=row.get("family"),
     )
 
 

@@ -20,6 +20,7 @@ RELATIONS = (
     "gpus",
     "gpu_peaks",
     "torch_variants",
+    "torch_aarch64",
     "torch_pypi",
     "torch_wheels",
     "torch_companions",

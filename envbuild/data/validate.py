@@ -155,6 +155,14 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         # aliases that name no one edition or form (H100, RTX PRO 6000): a lookup through one
         # says which row it assumed
         "assumed_for": (_list_of(_text), False),
+        # the CPU architecture of the system the GPU is built into (Grace superchips, DGX Spark):
+        # absent for a card that plugs into either
+        "host_arch": (_one_of("aarch64"), False),
+        "host_source": (_source, False),
+        # the lowest CUDA whose wheels run on it where the arch list alone would admit older ones
+        # (GB10: cu128's runtime compiler rejects sm_121)
+        "min_cuda": (VERSION, False),
+        "cuda_source": (_source, False),
     },
     "gpu_peaks": {
         "name": (_text, True),
@@ -172,6 +180,13 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], str | None], bool]]] = {
         "cuda_runtime": (VERSION, False),
         "cudnn": (VERSION, False),
         "nccl": (VERSION, False),
+    },
+    "torch_aarch64": {
+        "torch": (VERSION, True),
+        "variant": (VARIANT, True),
+        "arch_list": (_list_of(_pattern(is_arch, "an arch like sm_90 or sm_90+PTX")), False),
+        "pytorch_index": (_bool, True),
+        "pypi_default": (_bool, True),
     },
     "torch_pypi": {
         "torch": (VERSION, True),
@@ -340,6 +355,23 @@ def _cross_references(relations: Mapping[str, tuple[Row, ...]]) -> list[str]:
           f"default variant {r['default_variant']} of torch {r['torch']} is not in "
           "torch_variants.yaml")
     check("torch_variants", lambda r: _beyond_nvcc(r, relations))
+    # An aarch64 wheel takes its CUDA and Pythons from the x86_64 variant of its release; the
+    # package index's default aarch64 CPU wheels of releases before 2.11 have no variant row.
+    check("torch_aarch64", lambda r: None if (r["torch"], r["variant"]) in variants
+          or (r["variant"] == "cpu" and not r["pytorch_index"]) else
+          f"torch {r['torch']} {r['variant']} is not in torch_variants.yaml")
+    cudas = {(r["torch"], r["variant"]): r["cuda"] for r in relations.get("torch_variants", ())}
+    check("torch_aarch64", lambda r: _beyond_nvcc(
+        {**r, "cuda": cudas.get((r["torch"], r["variant"]))}, relations))
+    check("torch_aarch64", lambda r: None if r["pytorch_index"] or r["pypi_default"] else
+          "neither pytorch_index nor pypi_default: where is the wheel?")
+    defaults = [(r["torch"]) for r in relations.get("torch_aarch64", ()) if r["pypi_default"]]
+    problems.extend(f"torch_aarch64.yaml: torch {t} has more than one pypi_default row"
+                    for t in sorted({t for t in defaults if defaults.count(t) > 1}))
+    check("gpus", lambda r: None if ("host_arch" in r) == ("host_source" in r) else
+          "host_arch and host_source go together")
+    check("gpus", lambda r: None if ("min_cuda" in r) == ("cuda_source" in r) else
+          "min_cuda and cuda_source go together")
     check("torch_companions", _companion_unexplained)
     check("cuda_images", lambda r: _unsupported_ubuntu(r, relations))
     on_index = {r["torch"] for r in relations.get("torch_pypi", ())}
@@ -408,6 +440,7 @@ _KEYS = {
     "gpus": ("name",),
     "gpu_peaks": ("name",),
     "torch_variants": ("torch", "variant"),
+    "torch_aarch64": ("torch", "variant"),
     "torch_pypi": ("torch",),
     "torch_wheels": ("torch", "python"),
     "torch_companions": ("torch",),

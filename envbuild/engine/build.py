@@ -84,6 +84,7 @@ class SdkBuilder:
     seen: list[tuple[int, str]] = field(default_factory=list)
     cached: set[int] = field(default_factory=set)
     nocache: bool = False  # build every step again (a reproducibility check, a poisoned cache)
+    platform: str | None = None  # the daemon's --platform (linux/arm64 for an aarch64 target)
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
               labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
@@ -108,7 +109,7 @@ class SdkBuilder:
                 forcerm=True,  # intermediate containers go even when a step fails
                 network_mode=network, labels=dict(labels), decode=True, pull=False,
                 nocache=self.nocache,
-                timeout=self.read_timeout)
+                timeout=self.read_timeout, **({"platform": self.platform} if self.platform else {}))
             for chunk in stream:
                 step, image_id = self._event(chunk, step, image_id, progress)
         except docker.errors.APIError as exc:

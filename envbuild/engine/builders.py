@@ -163,6 +163,7 @@ class BuildahBuilder:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     # False (build --no-load): the image stays in buildah's storage even when a daemon answers.
     load: bool = True
+    platform: str | None = None  # --platform (linux/arm64 for an aarch64 target); None: the host's
 
     @property
     def loads(self) -> bool:
@@ -209,6 +210,7 @@ class BuildahBuilder:
                     # --force-rm: buildah takes it only with --layers or --no-cache.
                     *(["--layers", "--force-rm"] if self.uses_layers() else []),
                     "--iidfile", str(iidfile), "--tag", tag,
+                    *(["--platform", self.platform] if self.platform else []),
                     *(["--no-cache"] if self.nocache else []),
                     *(["--network", network] if network else []),
                     *(["--timestamp", str(timestamp)] if timestamp is not None else []),
@@ -390,6 +392,7 @@ class BuildxBuilder:
     nocache: bool = False
     name: str = "buildx"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    platform: str | None = None  # --platform (linux/arm64 for an aarch64 target); None: the host's
 
     def build(self, context: IO[bytes], *, tag: str, network: str | None,
               labels: Mapping[str, str], progress: Callable[[BuildEvent], None],
@@ -407,6 +410,7 @@ class BuildxBuilder:
                 env["SOURCE_DATE_EPOCH"] = str(timestamp)
             argv = [self.program, "buildx", "build", "--progress", "plain", "--load",
                     "--iidfile", str(iidfile), "--tag", tag,
+                    *(["--platform", self.platform] if self.platform else []),
                     *(["--no-cache"] if self.nocache else []),
                     *(["--network", network] if network else []),
                     *(["--build-arg", f"SOURCE_DATE_EPOCH={timestamp}"] if timestamp is not None else []),

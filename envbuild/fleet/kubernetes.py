@@ -34,6 +34,27 @@ def command(target: FleetTarget, options: RunOptions) -> list[str]:
     return [*argv, *options.smoke_args(target.gpus_per_node)]
 
 
+ARCH_LABEL = "kubernetes.io/arch"  # the well-known node label: amd64 or arm64, as Go names them
+
+
+def node_selector(target: FleetTarget) -> list[tuple[str, str]]:
+    """The target's node selector, with ``kubernetes.io/arch`` of its platform: an arm64 image on
+    an amd64 node (or the reverse) fails to start, or runs emulated. A selector that names
+    another architecture than the lock's stack is refused."""
+    from envbuild.errors import UsageError
+
+    kube = target.placement.kubernetes
+    assert kube is not None
+    arch = target.platform.split("/", 1)[1]
+    pairs = list(kube.node_selector)
+    given = dict(pairs).get(ARCH_LABEL)
+    if given is not None and given != arch:
+        raise UsageError(f"target {target.name!r}: node-selector {ARCH_LABEL}={given}, but its stack is "
+                         f"{target.platform}", hint=f"set {ARCH_LABEL} = \"{arch}\", or lock it for "
+                                                    f"linux/{given}")
+    return pairs if given is not None else [*pairs, (ARCH_LABEL, arch)]
+
+
 def render_target(target: FleetTarget, options: RunOptions) -> dict[str, bytes]:
     """``NAME.job.yaml`` for one target."""
     from envbuild.render.templates import environment
@@ -42,7 +63,7 @@ def render_target(target: FleetTarget, options: RunOptions) -> dict[str, bytes]:
     assert kube is not None and target.image is not None
     context = {
         "name": target.name, "job_name": job_name(target), "nodes": target.nodes,
-        "deadline": max(1, math.ceil(options.deadline)), "node_selector": list(kube.node_selector),
+        "deadline": max(1, math.ceil(options.deadline)), "node_selector": node_selector(target),
         "image": target.image, "command": command(target, options),
         "gpus": 0 if options.cpu_ok else (target.gpus_per_node or 0), "shm_size": "16Gi",
     }

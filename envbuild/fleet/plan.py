@@ -62,6 +62,7 @@ class FleetTarget:
     nodes: int
     gpus_per_node: int | None
     image: str | None  # REF@sha256:..., None for the host launcher
+    platform: str = "linux/amd64"  # the lock's stack: where its nodes' CPUs are x86_64 or arm64
 
     @property
     def needs_image(self) -> bool:
@@ -115,13 +116,15 @@ def read_build_report(path: Path) -> dict[str, str]:
 
 
 def plan_targets(placements: Mapping[str, Placement | None], engine: Engine,
-                 images: Mapping[str, str], *, cpu_ok: bool = False) -> tuple[FleetTarget, ...]:
+                 images: Mapping[str, str], *, cpu_ok: bool = False,
+                 platforms: Mapping[str, str] | None = None) -> tuple[FleetTarget, ...]:
     """Every target of the lock that names this engine, sorted; each problem a UsageError."""
     unknown = sorted(set(images) - set(placements))
     if unknown:
         raise UsageError(f"image for unknown target {unknown[0]!r}",
                          hint=f"the lock's targets: {', '.join(sorted(placements))}")
-    found = [_target(name, placements[name] or Placement(), engine, images.get(name), cpu_ok=cpu_ok)
+    found = [_target(name, placements[name] or Placement(), engine, images.get(name), cpu_ok=cpu_ok,
+                     platform=(platforms or {}).get(name, "linux/amd64"))
              for name in sorted(placements)]
     chosen = tuple(t for t in found if t is not None)
     if not chosen:
@@ -131,7 +134,7 @@ def plan_targets(placements: Mapping[str, Placement | None], engine: Engine,
 
 
 def _target(name: str, placement: Placement, engine: Engine, image: str | None, *,
-            cpu_ok: bool) -> FleetTarget | None:
+            cpu_ok: bool, platform: str = "linux/amd64") -> FleetTarget | None:
     if getattr(placement, engine) is None:
         return None
     if placement.nodes is None:
@@ -140,7 +143,7 @@ def _target(name: str, placement: Placement, engine: Engine, image: str | None, 
         raise UsageError(f"target {name!r} has no gpus-per-node",
                          hint="add gpus-per-node = N (or pass --cpu-ok for a CPU-only check)")
     target = FleetTarget(name=name, placement=placement, nodes=placement.nodes,
-                         gpus_per_node=placement.gpus_per_node, image=image)
+                         gpus_per_node=placement.gpus_per_node, image=image, platform=platform)
     needs = engine == "kubernetes" or target.needs_image
     if needs and image is None:
         raise UsageError(f"target {name!r} needs its image by digest",

@@ -46,7 +46,7 @@ def render_target(target: FleetTarget, options: RunOptions) -> dict[str, bytes]:
         "minutes": max(1, math.ceil(options.deadline / 60)), "launcher": slurm.launcher,
         "image": target.image or "", "image_python": IMAGE_PYTHON, "shm_size": SHM_SIZE,
         "smoke_in_image": f"{IMAGE_SMOKE} {args}".strip(), "smoke_args": args,
-        "host_python": shlex.quote(slurm.host_python),
+        "host_python": shlex.quote(slurm.host_python), "platform": target.platform,
     }
     env = environment()
     files = {f"{target.name}.sbatch": env.get_template("fleet/sbatch.sh.j2").render(context).encode()}

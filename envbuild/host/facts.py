@@ -35,6 +35,7 @@ class HostFacts:
     os_release: dict[str, str] = field(default_factory=dict)
     cpu_count: int | None = None
     shm_bytes: int | None = None
+    platform: str | None = None  # linux/amd64 or linux/arm64, from the kernel's machine name
     problems: tuple[str, ...] = ()
 
 
@@ -95,6 +96,7 @@ def merge(a: HostFacts, b: HostFacts) -> HostFacts:
         os_release=a.os_release or b.os_release,
         cpu_count=a.cpu_count if a.cpu_count is not None else b.cpu_count,
         shm_bytes=a.shm_bytes if a.shm_bytes is not None else b.shm_bytes,
+        platform=a.platform or b.platform,
         problems=tuple(dict.fromkeys(a.problems + b.problems)),
     )
 

@@ -156,6 +156,17 @@ def _consistency_problems(
 _AUTO: Any = object()
 
 
+# uname's machine → the platform (Docker's reading of the same names)
+MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64",
+            "arm64": "linux/arm64"}
+
+
+def probe_platform(machine: str | None = None) -> str | None:
+    """This host's platform as Docker spells it (linux/amd64, linux/arm64); None for another
+    machine (its wheels are none envbuild resolves)."""
+    return MACHINES.get(machine if machine is not None else os.uname().machine)
+
+
 def probe_host(
     env: Mapping[str, str],
     *,
@@ -183,6 +194,7 @@ def probe_host(
         os_release=probe_os_release(root),
         cpu_count=probe_cpu_count(),
         shm_bytes=probe_shm_bytes(root),
+        platform=probe_platform(),
         problems=_consistency_problems(facts, kernel, env),
     )
     return merge(facts, host)

@@ -14,6 +14,7 @@ JSON (``to_json``), a stable contract; keys are the HostFacts field names::
      "topology": {"GPU0": {"GPU1": "NV18", "NIC0": "PIX"}, ...} | null,
      "os_release": {"ID": "ubuntu", "VERSION_ID": "22.04", ...},
      "cpu_count": 32 | null, "shm_bytes": 67108864 | null,
+     "platform": "linux/amd64"|"linux/arm64" | null,   # the kernel's machine, Docker's spelling
      "problems": ["nvidia-smi: Failed to initialize NVML: ... — <hint>"],
      "advice": ["MIG is on ...", ...]}          # envbuild.host.advice
 
@@ -42,6 +43,7 @@ def to_json(h: HostFacts) -> dict[str, object]:
         "os_release": dict(sorted(h.os_release.items())),
         "cpu_count": h.cpu_count,
         "shm_bytes": h.shm_bytes,
+        "platform": h.platform,
         "problems": list(h.problems),
         "advice": advice(h),
     }
@@ -152,6 +154,8 @@ def _system_lines(h: HostFacts) -> list[str]:
     if not (h.os_release or h.cpu_count or h.shm_bytes is not None):
         return []  # saved nvidia-smi output says nothing about the rest of the host
     lines = [f"OS          {os_name or 'unknown'}", f"CPUs        {h.cpu_count or 'unknown'}"]
+    if h.platform:
+        lines.append(f"Platform    {h.platform}")
     if h.shm_bytes is None:
         lines.append("/dev/shm    unknown")
     else:

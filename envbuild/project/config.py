@@ -32,12 +32,13 @@ TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 DEFAULT_TARGET = "default"
 
 FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
-TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
+TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
               "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
-TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
+TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS,
+            *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
 
@@ -56,6 +57,13 @@ def _check_gpu(text: str) -> str:
     if not (0 < len(text) <= 80 and _GPU_NAME_CHARS.issuperset(text)):
         raise UsageError(f"invalid GPU name {quoted(text)}",
                          hint="letters, digits, spaces and . _ - ( ) / only")
+    return text
+
+
+def _check_platform(text: str) -> str:
+    from envbuild.resolver.selection import check_platform
+
+    check_platform(text)
     return text
 
 
@@ -128,6 +136,7 @@ def _check_mirror_host(text: str) -> str:
 # The check of each string-valued key (and of each element of the array-valued ones).
 CHECKS: dict[str, Callable[[str], str]] = {
     "name": _check_target_name, "driver": _check_driver, "gpus": _check_gpu, "archs": _check_arch,
+    "platform": _check_platform,
     "torch": _spec("torch"), "python": _check_python, "cuda": _spec("cuda"),
     "cudnn": _spec("cudnn"), "ubuntu": _check_ubuntu, "variant": _check_variant,
     "flavor": _check_flavor, "apt-packages": _lock_check("check_debian_package", "apt-packages"),
@@ -220,6 +229,7 @@ class _Reader:
         return Target(name=name, driver=self.string(table, "driver", path),
                       gpus=self.strings(table, "gpus", path), archs=self.strings(table, "archs", path),
                       datacenter=self.boolean(table, "datacenter", path, False),
+                      platform=self.string(table, "platform", path),
                       placement=self.placement(table, path))
 
     # -- the fleet keys (envbuild/fleet/placement.py holds their grammar) --
@@ -456,7 +466,7 @@ def _targets(reader: _Reader, table: Mapping[str, Any]) -> tuple[Target, ...]:
         return (reader.target(table, [], DEFAULT_TARGET),)
     if not isinstance(raw, list) or not raw:
         raise reader.fail(["targets"], "expected one or more [[targets]] tables")
-    for key in ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS):
+    for key in ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS):
         if key in table:
             raise reader.fail([key], "cannot be combined with targets",
                               "set it in each [[targets]] table instead")

@@ -20,6 +20,7 @@ class InitValues:
     gpus: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     datacenter: bool = False
+    platform: str | None = None  # linux/amd64 | linux/arm64; None: inferred from the GPUs
     torch: str | None = None
     python: str | None = None
     cuda: str | None = None
@@ -127,6 +128,9 @@ def render_project(values: InitValues, *, pyproject_block: bool = False) -> str:
          "GPUs by name, as `envbuild matrix show gpus` lists them", '["RTX 4090"]')
     _key(lines, "archs", toml_array(values.archs) if values.archs else None,
          "or GPU architectures", '["sm_89"]')
+    _key(lines, "platform", toml_string(values.platform) if values.platform else None,
+         "host platform, as Docker spells it (default: linux/arm64 for a Grace or DGX Spark GPU, "
+         "else linux/amd64)", '"linux/arm64"')
     lines += ["# datacenter parts (allows CUDA forward compatibility)",
               f"datacenter = {'true' if values.datacenter else 'false'}", ""]
     return "\n".join(lines)

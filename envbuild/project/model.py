@@ -22,6 +22,7 @@ class Target:
     gpus: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     datacenter: bool = False
+    platform: str | None = None  # linux/amd64 | linux/arm64; None: inferred from its GPUs
     placement: Placement = field(default_factory=Placement)  # nodes, gpus-per-node, runs-on, slurm, …
 
 

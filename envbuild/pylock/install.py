@@ -22,7 +22,8 @@ from envbuild.confine import WHEEL_LIMIT, WHEEL_NAME, confined, open_regular, qu
 from envbuild.errors import UsageError
 from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
 
-ARCH = "x86_64"
+ARCH = "x86_64"  # the default; a linux/arm64 target's closure installs its aarch64 wheels
+ARCHES = ("x86_64", "aarch64")
 _PYTHON = re.compile(r"3\.(\d+)")
 _GLIBC = re.compile(r"2\.(\d+)")
 # The legacy manylinux names and the glibc they stand for (PEP 600).
@@ -51,20 +52,28 @@ def glibc_minor(glibc: str) -> int:
     return int(match[1])
 
 
-def platform_tag(glibc: str) -> str:
+def platform_tag(glibc: str, arch: str = ARCH) -> str:
     """The newest manylinux platform tag a system with ``glibc`` runs: manylinux_2_35_x86_64."""
-    return f"manylinux_2_{glibc_minor(glibc)}_{ARCH}"
+    return f"manylinux_2_{glibc_minor(glibc)}_{_arch(arch)}"
 
 
-def supported_tags(python: str, glibc: str) -> list[Tag]:
-    """Every tag CPython ``python`` on x86_64 Linux with ``glibc`` installs, best first:
-    the interpreter's own ABI, then the stable ABI, then pure and generic tags."""
+def _arch(arch: str) -> str:
+    if arch not in ARCHES:
+        raise UsageError(f"unknown CPU architecture {arch!r}", hint="x86_64 or aarch64")
+    return arch
+
+
+def supported_tags(python: str, glibc: str, arch: str = ARCH) -> list[Tag]:
+    """Every tag CPython ``python`` on ``arch`` Linux with ``glibc`` installs, best first:
+    the interpreter's own ABI, then the stable ABI, then pure and generic tags. (aarch64 has
+    no manylinux1/2010 wheels; manylinux2014_aarch64 is glibc 2.17's.)"""
     minor = python_minor(python)
+    arch = _arch(arch)
     platforms: list[str] = []
     for glibc_2 in range(glibc_minor(glibc), 4, -1):
-        platforms.append(f"manylinux_2_{glibc_2}_{ARCH}")
-        if glibc_2 in _LEGACY:
-            platforms.append(f"{_LEGACY[glibc_2]}_{ARCH}")
+        platforms.append(f"manylinux_2_{glibc_2}_{arch}")
+        if glibc_2 in _LEGACY and (arch == "x86_64" or glibc_2 == 17):
+            platforms.append(f"{_LEGACY[glibc_2]}_{arch}")
     version = (3, minor)
     return [*cpython_tags(python_version=version, platforms=platforms),
             *compatible_tags(python_version=version, interpreter=f"cp3{minor}", platforms=platforms)]
@@ -89,10 +98,10 @@ def best_wheel(package: PylockPackage, tags: list[Tag]) -> PylockFile | None:
     return None if best is None else best[2]
 
 
-def unfit_wheels(pylock: Pylock, *, python: str, glibc: str, runs_on: str) -> list[str]:
+def unfit_wheels(pylock: Pylock, *, python: str, glibc: str, runs_on: str, arch: str = ARCH) -> list[str]:
     """``name version wheel`` of each package whose wheel, as picked for ``glibc`` (the lock's
     platform), does not run on ``runs_on`` (a base image's older glibc), sorted."""
-    picked, fits = supported_tags(python, glibc), set(supported_tags(python, runs_on))
+    picked, fits = supported_tags(python, glibc, arch), set(supported_tags(python, runs_on, arch))
     found = []
     for package in sorted(pylock.packages, key=lambda p: p.name):
         wheel = best_wheel(package, picked)
@@ -102,13 +111,13 @@ def unfit_wheels(pylock: Pylock, *, python: str, glibc: str, runs_on: str) -> li
 
 
 def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, glibc: str,
-                         local_dir: str | None = None) -> str:
+                         local_dir: str | None = None, arch: str = ARCH) -> str:
     """Hash-pinned requirement lines for the packages ``names`` (sorted by canonical name):
     ``name @ URL --hash=sha256:HEX``, one per line.
 
     UsageError: a name the pylock lacks, a package with no wheel for CPython ``python`` on
-    manylinux x86_64 up to ``glibc``, a local wheel with no ``local_dir`` to find it in."""
-    tags = supported_tags(python, glibc)
+    manylinux ``arch`` up to ``glibc``, a local wheel with no ``local_dir`` to find it in."""
+    tags = supported_tags(python, glibc, arch)
     lines = []
     for name in sorted({canonicalize_name(n) for n in names}):
         package = pylock.package(name)
@@ -117,7 +126,7 @@ def install_requirements(pylock: Pylock, names: Iterable[str], *, python: str, g
             offered = token(", ".join(w.filename for w in package.wheels), 200) or "no wheel at all"
             raise UsageError(
                 f"{token(package.name)} {token(package.version)} has no wheel for CPython {python} on "
-                f"{platform_tag(glibc)} or older ({offered})",
+                f"{platform_tag(glibc, arch)} or older ({offered})",
                 hint="envbuild installs wheels only: pick another version or another stack")
         lines.append(f"{package.name} @ {_location(wheel, local_dir)} --hash=sha256:{wheel.sha256}")
     return "".join(f"{line}\n" for line in lines)

@@ -100,6 +100,7 @@ class ClosureSpec:
     no_binary: tuple[str, ...] = ()
     # The project's -c constraints files' lines: uv's --constraints for the closure's run.
     constraints: tuple[str, ...] = ()
+    arch: str = "x86_64"  # the target's CPU: aarch64 for a linux/arm64 target (its own pylock)
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -213,7 +214,7 @@ def platform_glibc(glibc: str) -> str:
 def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool) -> list[str]:
     command = [uv, "pip", "compile", "pyproject.toml", "--no-config", "--quiet", "--color", "never",
                "--no-header", "--no-annotate", "--only-binary", ":all:",
-               "--python-platform", platform_tag(spec.glibc),
+               "--python-platform", platform_tag(spec.glibc, spec.arch),
                "--python-version", f"3.{python_minor(spec.python)}",
                # The interpreter running envbuild, whatever its version: uv builds nothing
                # (wheels only), so it neither looks for nor downloads another one.
@@ -261,8 +262,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     uv = find_uv(spec.uv)
     glibc_minor(spec.glibc)
     python_minor(spec.python)
-    check_platform(direct_wheels(spec.dependencies), supported_tags(spec.python, spec.glibc),
-                   python=spec.python, platform=platform_tag(spec.glibc))
+    check_platform(direct_wheels(spec.dependencies), supported_tags(spec.python, spec.glibc, spec.arch),
+                   python=spec.python, platform=platform_tag(spec.glibc, spec.arch))
     default_index = spec.default_index or pipconfig.index_url(None, env)
     if spec.previous is not None:
         read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
@@ -359,12 +360,13 @@ def _installer(run: _Uv, work: Path, pages: IndexPages | None,
             raise
         except (DataError, NoCompatibleStack):
             raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on "
-                            f"{redact(default_index)} for {platform_tag(spec.glibc)}",
+                            f"{redact(default_index)} for {platform_tag(spec.glibc, spec.arch)}",
                             hint="make uv available on that index, or lock with --installer pip") from None
     pylock = read_pylock(text)
     if pages is not None:  # the pages' index for "uv" is the default index: it is no pin
         pages.check(pylock)
-    line = install_requirements(pylock, ["uv"], python=spec.python, glibc=spec.glibc).strip()
+    line = install_requirements(pylock, ["uv"], python=spec.python, glibc=spec.glibc,
+                                arch=spec.arch).strip()
     match = re.fullmatch(r"uv @ (\S+) --hash=sha256:([0-9a-f]{64})", line)
     if match is None:
         raise DataError(f"the index's uv {spec.installer} is not one remote wheel with a sha256 "
@@ -386,9 +388,12 @@ def _installer_run(run: _Uv, tool: Path, *, offline: bool = False) -> str:
     return (tool / OUTPUT).read_text(encoding="utf-8")
 
 
-def platform_tag(glibc: str) -> str:
-    """uv's --python-platform (and the lock's ``platform``) for glibc "2.NN": x86_64-manylinux_2_NN."""
-    return f"x86_64-manylinux_2_{glibc_minor(glibc)}"
+def platform_tag(glibc: str, arch: str = "x86_64") -> str:
+    """uv's --python-platform (and the lock's ``platform``) for glibc "2.NN": x86_64-manylinux_2_NN,
+    or aarch64-manylinux_2_NN for a linux/arm64 target."""
+    if arch not in ("x86_64", "aarch64"):
+        raise UsageError(f"unknown CPU architecture {arch!r}", hint="x86_64 or aarch64")
+    return f"{arch}-manylinux_2_{glibc_minor(glibc)}"
 
 
 def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:

@@ -43,6 +43,7 @@ def bake_document(stacks: Sequence[CiStack], options: CiOptions) -> dict[str, An
             "labels": dict(sorted([*options.labels, ("dev.envbuild.stack", s.id)])),
             "cache-from": [cache],
             "cache-to": [cache + ",mode=max"],
+            **({"platforms": [s.lock.stack.platform]} if s.lock.stack.platform != "linux/amd64" else {}),
         }
     return {
         "variable": {"REGISTRY": {"default": options.registry}},

@@ -41,10 +41,10 @@ def install_files(lock: Lock, *, local_dir: str | None,
     # build-sdists packages are built in the extensions stage: the image installs their wheels.
     rest = sorted(set(lock.packages) - set(torch_layer) - set(lock.sdists))
     files = {"torch": install_requirements(pylock, torch_layer, python=lock.stack.python,
-                                           glibc=ref.glibc, local_dir=local_dir)}
+                                           glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)}
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
-                                                glibc=ref.glibc, local_dir=local_dir)
+                                                glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)
     if lock.sdists:
         files["sdists"] = sdist_requirements(pylock, lock.sdists)
     return files, ([] if local_dir is None else local_wheels(pylock, roots))

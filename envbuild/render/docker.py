@@ -329,6 +329,10 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
     return {
         "torch": s.torch, "variant": s.variant, "python": s.python, "ubuntu": s.ubuntu,
         "base_image": lock.base_image,
+        # linux/arm64: the base named with its platform, so that no builder takes another
+        # architecture's image from a multi-arch reference (or runs it under emulation); an
+        # amd64 Dockerfile stays what it was
+        "from_platform": "--platform=linux/arm64 " if s.platform == "linux/arm64" else "",
         "os": base_os(lock, found_os),
         "base_kind": ("custom" if lock.base_image != s.base_image
                       else "cuda" if s.base_cuda is not None else "ubuntu"),

@@ -33,6 +33,11 @@ METADATA = "docker/metadata-action"
 BUILD_PUSH = "docker/build-push-action"
 COSIGN = "sigstore/cosign-installer"
 HOSTED_RUNNER = "ubuntu-24.04"  # a pinned label: ubuntu-latest moves under the build
+# GitHub's hosted arm64 runner (free for public repositories since 2025-01-16, GitHub's changelog as
+# cited in isl-org/Open3D#7197, read 2026-11-28): an aarch64 target's image is built natively there
+HOSTED_ARM_RUNNER = "ubuntu-24.04-arm"
+# The label GitHub gives every self-hosted runner on an arm64 machine (with self-hosted, linux)
+SELF_HOSTED_ARM = "ARM64"
 # The image's CMD (templates/Dockerfile.j2); a CPU-only stack reruns it with --cpu-ok.
 SMOKE_COMMAND = "/opt/venv/bin/python /opt/envbuild/smoke.py --lock /opt/envbuild/envbuild.lock"
 # As 'envbuild verify': shared memory for DataLoader workers, no network.
@@ -48,9 +53,19 @@ def matrix_json(stacks: Sequence[CiStack], options: CiOptions | None = None) -> 
         "torch": s.lock.stack.torch, "variant": s.lock.stack.variant,
         "cuda": s.lock.stack.cuda, "python": s.lock.stack.python,
         "ubuntu": s.lock.stack.ubuntu, "os": base_os(s.lock), "flavor": s.lock.flavor,
-    } | ({"runs_on": list(s.runs_on or ("self-hosted", *options.runner_labels))}
-         if options is not None and options.lock is not None else {}) for s in stacks]
+    } | (_lock_entry(s, options) if options is not None and options.lock is not None else {})
+        for s in stacks]
     return (json.dumps({"include": include}, indent=2, sort_keys=True) + "\n").encode("ascii")
+
+
+def _lock_entry(stack: CiStack, options: CiOptions) -> dict[str, Any]:
+    """A lock target's runners: its image built on a hosted runner of its own platform (no
+    emulation), verified on its runs-on labels, else the self-hosted GPU runners of its platform."""
+    arm = stack.lock.stack.platform == "linux/arm64"
+    default = ("self-hosted", SELF_HOSTED_ARM, *options.runner_labels) if arm else (
+        "self-hosted", *options.runner_labels)
+    return {"runs_on": list(stack.runs_on or default), "platform": stack.lock.stack.platform,
+            "build_on": HOSTED_ARM_RUNNER if arm else HOSTED_RUNNER}
 
 
 def registry_host(registry: str) -> str | None:
@@ -169,7 +184,10 @@ def _from_lock(options: CiOptions, body: dict[str, Any]) -> dict[str, Any]:
     assert options.lock is not None
     jobs = body["jobs"]
     jobs["build"]["needs"] = ["matrix", "lock-check"]
+    jobs["build"]["runs-on"] = "${{ matrix.build_on }}"  # an aarch64 target on an arm runner
     jobs["build"]["steps"].insert(0, {"name": "Free disk space", "run": FREE_DISK})
+    build = next(step for step in jobs["build"]["steps"] if step.get("id") == "build")
+    build["with"] = {**build["with"], "platforms": "${{ matrix.platform }}"}
     jobs["verify"]["runs-on"] = "${{ matrix.runs_on }}"
     jobs["verify"]["name"] = "Verify ${{ matrix.id }} on its runners"
     body["jobs"] = {"lock-check": _lock_check(options), **jobs}

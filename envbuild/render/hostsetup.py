@@ -54,6 +54,22 @@ class HostSetup:
     nvswitch: bool = False  # --nvswitch: fabric manager whatever detection finds
     runtime: str = "docker"
     toolkit: Toolkit | None = None
+    # linux/arm64 (SBSA) hosts: NVIDIA's sbsa repository; Grace superchips (GH200, GB200, GB300):
+    # the coherent-memory module option from R580 and the 64K-page advice; GB200/GB300 NVL72:
+    # NVLink 5 switch trays, so IMEX, NSCQ and NVLSM beside the fabric manager.
+    sbsa: bool = False
+    grace: bool = False
+    nvlink5: bool = False
+
+
+def grace_superchip(gpu: GpuTarget) -> bool:
+    """GH200, GB200, GB300: a datacenter GPU built into a Grace (Arm) system."""
+    return gpu.host_arch == "aarch64" and bool(gpu.datacenter)
+
+
+def nvlink5_rack(gpu: GpuTarget) -> bool:
+    """GB200 / GB300: sold as NVL72 racks whose NVLink 5 switches are trays of their own."""
+    return fold_name(gpu.label)[:5] in ("gb200", "gb300")
 
 
 def _pre_turing(gpu: GpuTarget) -> bool:
@@ -140,7 +156,8 @@ def choose(min_driver: str | None, branches: Sequence[Row], gpus: Sequence[GpuTa
 
 def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Sequence[Row],
                gpus: Sequence[GpuTarget] = (), driver_branch: int | None = None, *,
-               nvswitch: bool = False, runtime: str = "docker", forward: bool = False) -> HostSetup:
+               nvswitch: bool = False, runtime: str = "docker", forward: bool = False,
+               platform: str = "linux/amd64") -> HostSetup:
     branch, modules, why = choose(min_driver, branches, gpus, driver_branch, forward=forward)
     if not branch:
         runtime = "none"  # a CPU stack: no GPU to hand to containers
@@ -153,8 +170,17 @@ def host_setup(min_driver: str | None, branches: Sequence[Row], toolkit_rows: Se
         r = toolkit_rows[0]
         toolkit = Toolkit(version=r["version"], repository=r["repository"], key_url=r["key_url"],
                           key_fingerprint=r["key_fingerprint"], smoke_image=r.get("smoke_image") or "")
+    jetson = [g.label for g in gpus if g.family == "Jetson"]
+    if jetson:
+        raise PreflightFailed(f"{jetson[0]} is a Jetson module: JetPack (L4T) installs its driver and "
+                              "CUDA, which this script does not", hint="use NVIDIA's JetPack for Jetson")
+    sbsa = platform == "linux/arm64"
+    if not sbsa and any(g.host_arch == "aarch64" for g in gpus):
+        raise PreflightFailed("a Grace or DGX Spark GPU needs a linux/arm64 host script",
+                              hint="render for a linux/arm64 stack (--platform linux/arm64)")
     return HostSetup(branch=branch, modules=modules, why=why, nvswitch=nvswitch, runtime=runtime,
-                     toolkit=toolkit)
+                     toolkit=toolkit, sbsa=sbsa, grace=sbsa and any(grace_superchip(g) for g in gpus),
+                     nvlink5=sbsa and any(nvlink5_rack(g) for g in gpus))
 
 
 def default_setup(min_driver: str | None) -> HostSetup:

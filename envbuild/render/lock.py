@@ -80,7 +80,7 @@ from envbuild.render.values import (
     check_url,
     check_user_name,
 )
-from envbuild.resolver.model import PYTORCH_INDEX, Stack
+from envbuild.resolver.model import AMD64, PYTORCH_INDEX, Stack
 from envbuild.smoke.rules import is_arch, is_python_version, is_variant_selector
 
 SCHEMA = 1
@@ -93,7 +93,7 @@ _LAYER_RE = re.compile(r"[a-z][a-z0-9-]{0,31}", re.ASCII)
 _CANONICAL_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 _PEP440_RE = re.compile(r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
                         r"(?:\.dev[0-9]+)?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?", re.ASCII)
-_PLATFORM_RE = re.compile(r"x86_64-manylinux_2_[0-9]{2}", re.ASCII)
+_PLATFORM_RE = re.compile(r"(?:x86_64|aarch64)-manylinux_2_[0-9]{2}", re.ASCII)
 _PYLOCK_NAME_RE = re.compile(r"pylock(?:\.[a-z0-9][a-z0-9_-]{0,31})?\.toml", re.ASCII)
 _WHEEL_URL_RE = re.compile(r"https?://[A-Za-z0-9._~:/?&=%+!@-]+\.whl", re.ASCII)
 LAYER_SOURCE = "wheel sizes"
@@ -170,6 +170,11 @@ class PylockRef:
         """The glibc minor the platform names ("2.35")."""
         return self.platform.rsplit("_", 2)[-2] + "." + self.platform.rsplit("_", 1)[-1]
 
+    @property
+    def arch(self) -> str:
+        """The CPU the platform names: x86_64 or aarch64."""
+        return self.platform.split("-", 1)[0]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lock:
@@ -201,7 +206,7 @@ class Lock:
     def to_mapping(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "schema": SCHEMA,
-            "stack": self.stack.to_json(),
+            "stack": _stack_json(self.stack),
             "packages": dict(self.packages),
             "index_url": self.index_url,
             "base_image": self.base_image,
@@ -252,13 +257,13 @@ def distro_glibc(matrix: Matrix, ubuntu: str) -> str | None:
     return None
 
 
-STANDALONE_ARCH = "x86_64"  # the architecture the recipes install for (NVIDIA's x86_64 repositories)
+STANDALONE_ARCH = "x86_64"  # a linux/amd64 stack's; a linux/arm64 one installs the aarch64 build
 
 
-def recorded_standalone(matrix: Matrix, python: str) -> Standalone | None:
-    """The python-build-standalone build python_standalone.yaml records for ``python``."""
+def recorded_standalone(matrix: Matrix, python: str, arch: str = STANDALONE_ARCH) -> Standalone | None:
+    """The python-build-standalone build python_standalone.yaml records for ``python`` on ``arch``."""
     for row in matrix.rows("python_standalone"):
-        if row["python"] == python and row["arch"] == STANDALONE_ARCH:
+        if row["python"] == python and row["arch"] == arch:
             return Standalone(url=str(row["url"]), sha256=str(row["sha256"]))
     return None
 
@@ -280,8 +285,8 @@ def from_package_index(stack: Stack) -> bool:
 
 def wheel_row(stack: Stack, matrix: Matrix) -> Row | None:
     """The torch_wheels row of the stack's default wheel (torch release × CPython), if any."""
-    if stack.variant == "cpu" or not from_package_index(stack):
-        return None
+    if stack.variant == "cpu" or not from_package_index(stack) or stack.platform != AMD64:
+        return None  # torch_wheels records the x86_64 wheels only
     pypi = next((r for r in matrix.rows("torch_pypi") if r["torch"] == stack.torch), None)
     if pypi is None or stack.variant not in ("default", pypi["default_variant"]):
         return None
@@ -334,7 +339,7 @@ def make_lock(
         # it and stops with a clear message when it is not).
         provision = "base"
     if provision == "standalone" and python_standalone is None:
-        python_standalone = recorded_standalone(matrix, stack.python)
+        python_standalone = recorded_standalone(matrix, stack.python, stack.machine)
     if provision == "standalone" and python_standalone is None:
         raise UsageError(
             f"Python {stack.python} is not Ubuntu {stack.ubuntu}'s python3, and no standalone "
@@ -436,6 +441,9 @@ def check_lock(lock: Lock) -> None:
     for note in s.notes:
         check_printable(note, "stack note")
     _match(is_variant_selector, s.variant, "variant")
+    if s.platform not in ("linux/amd64", "linux/arm64"):
+        raise UsageError(f"invalid platform {quoted(s.platform)} in the lock",
+                         hint="linux/amd64 or linux/arm64")
     _match(is_python_version, s.python, "python")
     _match(_UBUNTU_RE, s.ubuntu, "ubuntu")
     for arch in s.arch_list:
@@ -525,7 +533,7 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
                          hint="re-create the lock")
     if not _PLATFORM_RE.fullmatch(ref.platform):
         raise UsageError(f"invalid pylock platform {quoted(ref.platform)} in the lock",
-                         hint="x86_64-manylinux_2_NN")
+                         hint="x86_64-manylinux_2_NN or aarch64-manylinux_2_NN")
     if ref.installer is not None:
         installer = ref.installer
         if installer.name not in INSTALLERS or not _PEP440_RE.fullmatch(installer.version):
@@ -597,12 +605,23 @@ _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "f
                             "compile_toolchain", "extensions", "sdists"})
 
 
+def _stack_json(stack: Stack) -> dict[str, Any]:
+    """The stack as the lock records it: ``platform`` only for linux/arm64, so every amd64 lock
+    (and its digest) stays what it was before there were two platforms."""
+    body = stack.to_json()
+    if body["platform"] == AMD64:
+        del body["platform"]
+    return body
+
+
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
     """Types only, nothing coerced (a number is not a version string); ``check_lock`` then
     checks every value as the command line would."""
     if not _KEYS <= set(data) <= _KEYS | _OPTIONAL_KEYS:
         raise UsageError("lock has missing or unknown fields", hint="re-create the lock")
     raw = data["stack"]
+    if isinstance(raw, dict) and "platform" not in raw:
+        raw = {**raw, "platform": AMD64}  # written before linux/arm64 stacks, or amd64 (_stack_json)
     if not isinstance(raw, dict) or set(raw) != set(Stack.fields()):
         raise UsageError("lock 'stack' has missing or unknown fields")
     optional = {name for name, kind in Stack.__annotations__.items() if "None" in str(kind)}

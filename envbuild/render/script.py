@@ -134,6 +134,9 @@ def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = Non
         "index_url": '"$INDEX_URL"' if lock.index_url is not None else None,
         "closure": lock.pylock is not None, "layers": list(layers),
         "compile_toolchain": lock.compile_toolchain,  # partials/compile_toolchain.j2
+        # linux/arm64 hosts (render/hostsetup.py): each adds only its own lines, so an x86_64
+        # script is byte for byte what it was
+        "sbsa": host.sbsa, "grace": host.grace, "nvlink5": host.nvlink5,
     }
 
 

@@ -89,8 +89,24 @@ def pythons(family: Family, ask: Request, ix: Index) -> list[str]:
 
 def check_gpus(family: Family, ask: Request, ix: Index) -> Rejection | None:
     row = family.row
+    if row["cuda"] is None and ask.gpus and ask.variant == "default":
+        # a DGX Spark once got the package index's CPU-only aarch64 torch 2.10 this way
+        instead = _variants_covering(ask.gpus[0], row["torch"], ask, ix)
+        hint = f"; use variant {', '.join(instead)} (PyTorch's index)" if instead else ""
+        return Rejection(family=family.label, constraint="gpu-arch", source=row["source"],
+                         reason=f"the package index's default {ask.platform} torch {row['torch']} "
+                                f"is a CPU-only build: it runs on no GPU{hint}")
     if row["cuda"] is None or not ask.gpus:
         return None
+    for gpu in ask.gpus:  # before the arch list: it needs none, and says what to change
+        if gpu.min_cuda and ix.release(row["cuda"]) < ix.release(gpu.min_cuda):
+            instead = _variants_covering(gpu, row["torch"], ask, ix)
+            hint = f"; use variant {', '.join(instead)}" if instead else ""
+            return Rejection(
+                family=family.label, constraint="gpu-arch", source=row["source"],
+                reason=f"{gpu.label} ({gpu.sm}) needs CUDA >= {gpu.min_cuda} wheels: an older "
+                       f"CUDA's runtime compiler rejects {gpu.sm}{hint}",
+            )
     arch_list = row.get("arch_list")
     if not arch_list:
         return Rejection(family=family.label, constraint="gpu-arch", source=row["source"],
@@ -100,7 +116,7 @@ def check_gpus(family: Family, ask: Request, ix: Index) -> Rejection | None:
     entries = ix.arch(arch_list)
     for gpu in ask.gpus:
         if coverage_of(gpu.compute_capability, entries) is None:
-            instead = _variants_covering(gpu, row["torch"], ix)
+            instead = _variants_covering(gpu, row["torch"], ask, ix)
             hint = f"; use variant {', '.join(instead)}" if instead else ""
             return Rejection(
                 family=family.label, constraint="gpu-arch", source=row["source"],
@@ -109,12 +125,13 @@ def check_gpus(family: Family, ask: Request, ix: Index) -> Rejection | None:
     return None
 
 
-def _variants_covering(gpu: GpuTarget, torch: str, ix: Index) -> list[str]:
+def _variants_covering(gpu: GpuTarget, torch: str, ask: Request, ix: Index) -> list[str]:
     from envbuild.data.gpus import coverage_of
 
-    return [r["variant"] for r in ix.rows("torch_variants")
+    return [r["variant"] for r in ix.variant_rows(ask.platform)
             if r["torch"] == torch and r["cuda"] and r.get("arch_list")
-            and coverage_of(gpu.compute_capability, ix.arch(r["arch_list"])) is not None]
+            and coverage_of(gpu.compute_capability, ix.arch(r["arch_list"])) is not None
+            and not (gpu.min_cuda and ix.release(r["cuda"]) < ix.release(gpu.min_cuda))]
 
 
 def choose_base(family: Family, runtime: Runtime | None, ask: Request,
@@ -152,7 +169,7 @@ def choose_base(family: Family, runtime: Runtime | None, ask: Request,
         return Rejection(family=family.label, constraint="ubuntu", source=None,
                          reason=f"no nvidia/cuda {family.row['cuda']} devel image "
                                 f"for {where} in cuda_images.yaml")
-    standalone = next((py for py in candidates if py in ix.standalone), None)
+    standalone = next((py for py in candidates if py in ix.standalone_for(ask.platform)), None)
     if standalone is None:
         shipped = ", ".join(f"{u}: {ix.ubuntu_rows.get(u, {}).get('python', '?')}" for u in usable)
         return Rejection(
@@ -281,6 +298,7 @@ def build_stack(family: Family, runtime: Runtime | None, base: tuple[str, str, s
         flavor=ask.flavor,
         arch_list=tuple(row.get("arch_list", ())),
         notes=tuple(notes),
+        platform=ask.platform,
     )
 
 
@@ -306,7 +324,7 @@ def evaluate(family: Family, ask: Request, ix: Index,
 
 
 def global_conflicts(ask: Request, ix: Index) -> list[Rejection]:
-    found = _unknown_variant(ask, ix)
+    found = _unknown_variant(ask, ix) + _platform_conflicts(ask, ix)
     for gpu in ask.gpus:
         driver = ask.driver
         if driver and gpu.min_driver_branch and driver.branch < gpu.min_driver_branch:
@@ -327,7 +345,7 @@ def _unknown_variant(ask: Request, ix: Index) -> list[Rejection]:
     wanted = torch.local if torch and torch.local else ask.variant
     if wanted in (None, "default"):
         return []
-    rows = [r for r in ix.rows("torch_variants") if torch is None or torch.admits(r["torch"])]
+    rows = [r for r in ix.variant_rows(ask.platform) if torch is None or torch.admits(r["torch"])]
     if any(r["variant"] == wanted for r in rows):
         return []
     available = sorted({r["variant"] for r in rows})
@@ -335,3 +353,35 @@ def _unknown_variant(ask: Request, ix: Index) -> list[Rejection]:
     return [Rejection(family="request", constraint="variant", source=None,
                       reason=f"no wheel variant {wanted} for {which}; "
                              f"available: {', '.join(available) or 'none'}")]
+
+
+def _platform_conflicts(ask: Request, ix: Index) -> list[Rejection]:
+    """GPUs the platform's wheels cannot serve, whatever the release: a Jetson module (JetPack's
+    own builds), a Grace GPU asked for on linux/amd64, a GPU no aarch64 arch list covers."""
+    found = []
+    for gpu in ask.gpus:
+        if gpu.family == "Jetson":
+            found.append(Rejection(
+                family="host", constraint="platform", source=gpu.source,
+                reason=f"{gpu.label} ({gpu.sm}) is a Jetson module: its torch comes with JetPack "
+                       "(NVIDIA's L4T builds and containers), which envbuild does not resolve"))
+        elif gpu.host_arch == "aarch64" and ask.platform != "linux/arm64":
+            found.append(Rejection(
+                family="host", constraint="platform", source=gpu.source,
+                reason=f"{gpu.label} is built into an Arm (Grace/SBSA) system: no {ask.platform} "
+                       "stack runs on it"))
+        elif ask.platform == "linux/arm64" and not _aarch64_covered(gpu, ix):
+            lists = sorted({a for r in ix.variant_rows(ask.platform) for a in r.get("arch_list", ())},
+                           key=lambda a: int("".join(c for c in a if c.isdigit())))
+            found.append(Rejection(
+                family="host", constraint="platform", source=None,
+                reason=f"no linux/arm64 torch wheel runs on {gpu.sm} ({gpu.label}): PyTorch's "
+                       f"aarch64 wheels are built for {', '.join(lists)} only"))
+    return found
+
+
+def _aarch64_covered(gpu: GpuTarget, ix: Index) -> bool:
+    from envbuild.data.gpus import coverage_of
+
+    return any(coverage_of(gpu.compute_capability, ix.arch(r["arch_list"])) is not None
+               for r in ix.variant_rows("linux/arm64") if r.get("arch_list"))

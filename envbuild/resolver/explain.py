@@ -101,6 +101,12 @@ def _verified_fixes(request: Request, matrix: Matrix | Index) -> Iterator[str]:
         fix = _concrete_fix(name, flag, relaxed, request, matrix)
         if fix:
             yield fix
+    # last: changing the host is the largest change
+    if request.platform_given:  # the GPU on the other platform's host (T4 on x86, GH200 on Arm)
+        other = "linux/amd64" if request.platform == "linux/arm64" else "linux/arm64"
+        moved = resolve(request.replace(platform=other), matrix).stacks
+        if moved:
+            yield f"use --platform {other} instead of {request.platform} ({describe(moved[0])})"
 
 
 def _concrete_fix(name: str, flag: str, stacks: Iterable[Stack], request: Request,

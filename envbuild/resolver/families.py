@@ -34,7 +34,11 @@ class Family:
 
 def families(ask: Request, ix: Index) -> Iterator[Family | Rejection]:
     """One family per variant row, plus the package index's default wheel of any release
-    without variant rows; ``--variant default`` keeps only the index's default wheels."""
+    without variant rows; ``--variant default`` keeps only the index's default wheels.
+    On linux/arm64 the rows are the aarch64 ones (``Index.variant_rows``)."""
+    if ask.platform == "linux/arm64":
+        yield from _arm64_families(ask, ix)
+        return
     with_rows = set()
     for row in ix.rows("torch_variants"):
         with_rows.add(row["torch"])
@@ -56,6 +60,28 @@ def families(ask: Request, ix: Index) -> Iterator[Family | Rejection]:
     for pypi in ix.rows("torch_pypi"):
         if pypi["torch"] not in with_rows:
             yield _index_only_family(pypi, ask)
+
+
+def _arm64_families(ask: Request, ix: Index) -> Iterator[Family | Rejection]:
+    """The aarch64 wheels: from PyTorch's per-variant index where it carries them, else (the
+    package index's default CPU wheel before 2.11) from the configured package index. Pins
+    come from the variant row (one cuDNN per CUDA per release); the package index's own pins
+    only where its x86_64 default is the same variant."""
+    for row in ix.variant_rows("linux/arm64"):
+        pins: dict[str, str] = {k: row[k] for k in PIN_FIELDS if k in row}
+        on_pytorch = row["pytorch_index"] and ask.variant != "default"
+        family = Family(row=row, variant=row["variant"],
+                        index_url=f"{PYTORCH_INDEX}/{row['variant']}" if on_pytorch else ask.package_index,
+                        python=tuple(row["python"]), pins=pins)
+        if ask.variant == "default" and not row["pypi_default"]:
+            yield Rejection(family=family.label, constraint="variant", source=row["source"],
+                            reason=f"not the default aarch64 wheel of torch {row['torch']} on the "
+                                   "package index")
+            continue
+        pypi = ix.pypi.get(row["torch"])
+        if not on_pytorch and pypi is not None and pypi["default_variant"] == row["variant"]:
+            family.pins.update({k: pypi[k] for k in PIN_FIELDS if k in pypi})
+        yield family
 
 
 def _from_index(family: Family, pypi: Row, ask: Request) -> Family:

@@ -32,15 +32,17 @@ KEPT_FIELDS = {
     "cuda_toolkits": ("min_driver",),
     "cuda_compat": ("min_driver",),
     "gpus": ("name", "aliases", "compute_capability", "architecture", "family", "datacenter",
-             "min_driver_branch", "last_driver_branch", "driver_source", "source", "assumed_for"),
+             "min_driver_branch", "last_driver_branch", "driver_source", "source", "assumed_for",
+             "host_arch", "min_cuda"),
     "torch_variants": ("torch", "variant", "cuda", "python", "arch_list", "source", *PIN_FIELDS),
     "torch_pypi": ("torch", "default_variant", "python", "platform_tag", "source", *PIN_FIELDS),
     "torch_companions": ("torch", "torchvision", "torchaudio", "torchvision_python",
                          "torchaudio_python", "note"),
     "ubuntu_python": ("ubuntu", "python", "glibc"),
 }
-INDEX_FORMAT = 9  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
-# 8: the recorded standalone CPython builds; 9: the companions' CPython versions, driver branches
+INDEX_FORMAT = 10  # 6: a driver keeps its text; 7: the GPU rows (with architecture and family) packed apart;
+# 8: the recorded standalone CPython builds; 9: the companions' CPython versions, driver branches;
+# 10: the linux/arm64 variant rows, standalone builds per architecture, GPUs' host architecture
 
 
 def build_index(matrix: Matrix) -> dict[str, Any]:
@@ -82,6 +84,7 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
     for u in ubuntus:
         release(u, releases)
     torches = [r["torch"] for r in rows["torch_variants"] + rows["torch_pypi"]]
+    aarch64 = aarch64_variants(matrix, rows["torch_variants"], pypi)
     return {
         "rows": rows,
         "toolkits": [(str(v), v.major, v.minor, _driver_parts(r["min_driver"]), r["source"])
@@ -95,12 +98,13 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "releases": releases,
         "pythons": pythons,
         "arch": {tuple(r["arch_list"]): parse_arch_list(r["arch_list"])
-                 for r in rows["torch_variants"] if r.get("arch_list")},
+                 for r in rows["torch_variants"] + aarch64 if r.get("arch_list")},
+        "aarch64": aarch64,
         "too_old": {t: sorted(too_old_ubuntus(t, pypi, ubuntus)) for t in torches},
-        # Python → the version of its recorded python-build-standalone build for x86_64 (the
-        # architecture the recipes target): a Python no Ubuntu ships can still be installed.
-        "standalone": {r["python"]: r["version"] for r in matrix.rows("python_standalone")
-                       if r["arch"] == "x86_64"},
+        # architecture → Python → the version of its recorded python-build-standalone build:
+        # a Python no Ubuntu ships can still be installed.
+        "standalone": {arch: {r["python"]: r["version"] for r in matrix.rows("python_standalone")
+                              if r["arch"] == arch} for arch in ("x86_64", "aarch64")},
         # The GPU catalogue and its folded names, marshalled apart: only a request that names a
         # GPU unpacks them, so its size costs the other forms nothing.
         # Each row is packed on its own: a lookup unpacks the keys and the one row it finds.
@@ -109,6 +113,29 @@ def build_index(matrix: Matrix) -> dict[str, Any]:
         "branches": {r["branch"]: (r["designation"], r.get("end_of_life"), r["source"])
                      for r in matrix.rows("driver_branches")},
     }
+
+
+def aarch64_variants(matrix: Matrix, variants: list[Row], pypi: Mapping[str, Row]) -> list[Row]:
+    """The linux/arm64 candidates: each torch_aarch64 row as a variant row (CUDA, Pythons and
+    pins from the x86_64 row of its release and variant, the aarch64 arch list and source),
+    plus ``pytorch_index`` / ``pypi_default``. A package-index CPU wheel with no variant row
+    takes its Pythons from that release's torch_pypi row."""
+    by_key = {(r["torch"], r["variant"]): r for r in variants}
+    out = []
+    for row in matrix.rows("torch_aarch64"):
+        base = by_key.get((row["torch"], row["variant"]))
+        if base is None:
+            on_index = pypi.get(row["torch"])
+            if on_index is None:
+                continue  # validated data has one; an index-only CPU wheel needs its Pythons
+            base = {"torch": row["torch"], "variant": "cpu", "cuda": None, "python": on_index["python"]}
+        merged = {k: v for k, v in base.items() if k != "arch_list"}
+        if row.get("arch_list") is not None:
+            merged["arch_list"] = row["arch_list"]
+        merged.update(source=row["source"], pytorch_index=row["pytorch_index"],
+                      pypi_default=row["pypi_default"])
+        out.append(merged)
+    return out
 
 
 def _driver_parts(text: str) -> tuple[int | str | None, ...]:
@@ -192,7 +219,9 @@ class Index:
         self._pythons: dict[tuple[str, ...], list[str]] = data["pythons"]
         self._arch: dict[tuple[str, ...], list[ArchEntry]] = data["arch"]
         self._too_old: dict[str, list[str]] = data["too_old"]
-        self.standalone: dict[str, str] = data["standalone"]
+        self._standalone: dict[str, dict[str, str]] = data["standalone"]
+        self.standalone: dict[str, str] = self._standalone["x86_64"]
+        self.aarch64: list[Row] = data["aarch64"]
         self.branches: dict[int, tuple[str, str | None, str]] = data["branches"]
         self._gpus_packed: bytes = data["gpus"]
         self._gpus: tuple[dict[str, int], PackedRows] | None = None
@@ -219,6 +248,15 @@ class Index:
         if relation == "gpus":
             return list(self.gpu_rows())
         return self.relations.get(relation, [])
+
+    def variant_rows(self, platform: str) -> list[Row]:
+        """The wheel variants of one platform: torch_variants for linux/amd64, the merged
+        aarch64 rows (``aarch64_variants``) for linux/arm64."""
+        return self.aarch64 if platform == "linux/arm64" else self.rows("torch_variants")
+
+    def standalone_for(self, platform: str) -> dict[str, str]:
+        """Python → its recorded python-build-standalone version for the platform's CPU."""
+        return self._standalone["aarch64" if platform == "linux/arm64" else "x86_64"]
 
     def releases_of(self, cuda_minor: str) -> list[Toolkit]:
         return list(self.by_family.get(cuda_minor, ()))

@@ -27,10 +27,15 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 PIN_FIELDS = ("cuda_runtime", "cudnn", "nccl")  # the pins a wheel record may carry
 # Field orders (the values' __slots__): the order of reprs and of the JSON a stack writes.
 REQUEST_FIELDS = ("driver", "gpus", "torch", "python", "cuda", "cudnn", "ubuntu", "variant",
-                  "flavor", "package_index", "cpu_host", "project_torch")
+                  "flavor", "package_index", "cpu_host", "project_torch", "platform",
+                  "platform_given")
 STACK_FIELDS = ("torch", "torchvision", "torchaudio", "variant", "index_url", "cuda", "cudnn",
                 "nccl", "python", "ubuntu", "base_image", "base_cuda", "compat", "min_driver",
-                "flavor", "arch_list", "notes")
+                "flavor", "arch_list", "notes", "platform")
+# The platforms a stack is resolved for, as Docker spells them (``--platform``), and the CPU
+# architecture each one's wheels are built for (manylinux_2_28_<arch>, python-build-standalone).
+AMD64, ARM64 = "linux/amd64", "linux/arm64"
+PLATFORMS = {AMD64: "x86_64", ARM64: "aarch64"}
 
 
 class Value:
@@ -95,16 +100,20 @@ class Request(Value):
     # The project's own torch requirement (its dependencies, an extension wheel's build): it
     # narrows the stack like --torch, but no way out offered relaxes it.
     project_torch: Requirement | None
+    platform: str  # linux/amd64 or linux/arm64: given, the host's, or implied by a Grace GPU
+    platform_given: bool  # --platform (or the host's) named it, rather than the default
 
     def __init__(self, *, driver: DriverVersion | None = None, gpus: tuple[GpuTarget, ...] = (),
                  torch: Requirement | None = None, python: Requirement | None = None,
                  cuda: Requirement | None = None, cudnn: Requirement | None = None,
                  ubuntu: str | None = None, variant: str | None = None,
                  flavor: Flavor = "runtime", package_index: str | None = None,
-                 cpu_host: bool = False, project_torch: Requirement | None = None) -> None:
+                 cpu_host: bool = False, project_torch: Requirement | None = None,
+                 platform: str = AMD64, platform_given: bool = False) -> None:
         self._set(driver=driver, gpus=tuple(gpus), torch=torch, python=python, cuda=cuda,
                   cudnn=cudnn, ubuntu=ubuntu, variant=variant, flavor=flavor,
-                  package_index=package_index, cpu_host=cpu_host, project_torch=project_torch)
+                  package_index=package_index, cpu_host=cpu_host, project_torch=project_torch,
+                  platform=platform, platform_given=platform_given)
 
 
 class Stack(Value):
@@ -128,16 +137,24 @@ class Stack(Value):
     flavor: Flavor
     arch_list: tuple[str, ...]
     notes: tuple[str, ...]
+    platform: str  # linux/amd64 or linux/arm64: which CPU architecture's wheels and image
 
     def __init__(self, *, torch: str, torchvision: str | None, torchaudio: str | None,
                  variant: str, index_url: str | None, cuda: str | None, cudnn: str | None,
                  nccl: str | None, python: str, ubuntu: str, base_image: str,
                  base_cuda: str | None, compat: Compat | None, min_driver: str | None,
-                 flavor: Flavor, arch_list: tuple[str, ...], notes: tuple[str, ...] = ()) -> None:
+                 flavor: Flavor, arch_list: tuple[str, ...], notes: tuple[str, ...] = (),
+                 platform: str = AMD64) -> None:
         self._set(torch=torch, torchvision=torchvision, torchaudio=torchaudio, variant=variant,
                   index_url=index_url, cuda=cuda, cudnn=cudnn, nccl=nccl, python=python,
                   ubuntu=ubuntu, base_image=base_image, base_cuda=base_cuda, compat=compat,
-                  min_driver=min_driver, flavor=flavor, arch_list=arch_list, notes=notes)
+                  min_driver=min_driver, flavor=flavor, arch_list=arch_list, notes=notes,
+                  platform=platform)
+
+    @property
+    def machine(self) -> str:
+        """The CPU architecture of its wheels: x86_64 or aarch64."""
+        return PLATFORMS[self.platform]
 
     def to_json(self) -> dict[str, Any]:
         body = self.as_dict()

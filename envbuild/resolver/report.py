@@ -89,6 +89,9 @@ def header_lines(request: Request, resolution: Resolution) -> Iterable[str]:
     for gpu in request.gpus:
         kind = {True: "datacenter", False: "consumer/workstation", None: "kind unknown"}
         yield f"GPU: {gpu.label} ({gpu.sm}, {kind[gpu.datacenter]})"
+    if request.platform != "linux/amd64" or request.platform_given:
+        why = "" if request.platform_given else " (a GPU built into an Arm system)"
+        yield f"Platform: {request.platform}{why}"
 
 
 def end_of_life_line(version: str, lifecycle: tuple[str, str | None, str] | None,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 SELECTOR_FIELDS = ("driver", "host", "gpu", "arch", "datacenter", "torch", "python", "cuda", "cudnn",
-                   "ubuntu", "variant", "flavor", "index_url", "project_torch")
+                   "ubuntu", "variant", "flavor", "index_url", "project_torch", "platform")
 
 
 class Selectors:
@@ -48,16 +48,18 @@ class Selectors:
     flavor: Flavor  # runtime or devel: the CLI's choices
     index_url: str | None
     project_torch: str | None  # a specifier set: the project's own torch requirement (lock)
+    platform: str | None  # linux/amd64 or linux/arm64, as Docker spells it
 
     def __init__(self, *, driver: str | None = None, host: bool = False, gpu: Sequence[str] = (),
                  arch: Sequence[str] = (), datacenter: bool = False, torch: str | None = None,
                  python: str | None = None, cuda: str | None = None, cudnn: str | None = None,
                  ubuntu: str | None = None, variant: str | None = None, flavor: Flavor = "runtime",
-                 index_url: str | None = None, project_torch: str | None = None) -> None:
+                 index_url: str | None = None, project_torch: str | None = None,
+                 platform: str | None = None) -> None:
         self.driver, self.host, self.gpu, self.arch = driver, host, tuple(gpu), tuple(arch)
         self.datacenter, self.torch, self.python, self.cuda = datacenter, torch, python, cuda
         self.cudnn, self.ubuntu, self.variant, self.flavor = cudnn, ubuntu, variant, flavor
-        self.index_url, self.project_torch = index_url, project_torch
+        self.index_url, self.project_torch, self.platform = index_url, project_torch, platform
 
     @classmethod
     def of(cls, values: object) -> Selectors:
@@ -81,8 +83,10 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         gpus += [target_from_arch(arch, datacenter=True if args.datacenter else None)
                  for arch in args.arch]
     cpu_host = False
+    platform = check_platform(args.platform)
     if args.host:
-        host_driver, host_gpus = host_targets(matrix, env)
+        host_driver, host_gpus, host_platform = host_targets(matrix, env)
+        platform = platform or host_platform
         # Nothing found and nothing named: a machine without an NVIDIA GPU, which runs the
         # CPU wheels (offered first); the CUDA stacks follow, each with the driver it needs.
         cpu_host = host_driver is None and not host_gpus and driver is None and not gpus
@@ -104,7 +108,28 @@ def build_request(args: Selectors, matrix: HasRows, env: Mapping[str, str]) -> R
         package_index=args.index_url or env.get("PIP_INDEX_URL") or None,
         cpu_host=cpu_host,
         project_torch=None if not args.project_torch else parse_requirement("torch", args.project_torch),
+        platform=platform or implied_platform(gpus),
+        platform_given=platform is not None,
     )
+
+
+PLATFORM_NAMES = ("linux/amd64", "linux/arm64")
+
+
+def check_platform(text: str | None) -> str | None:
+    """``--platform``: linux/amd64 or linux/arm64 (exit 2 otherwise)."""
+    if text is not None and text not in PLATFORM_NAMES:
+        from envbuild.errors import UsageError
+
+        hint = (" (--arch names the GPU's sm_XY)" if text.startswith("sm_") else "")
+        raise UsageError(f"unknown platform {text!r}",
+                         hint=f"give linux/amd64 or linux/arm64{hint}")
+    return text
+
+
+def implied_platform(gpus: Sequence[GpuTarget]) -> str:
+    """linux/arm64 where a GPU is built into an Arm system (Grace, DGX Spark), else linux/amd64."""
+    return "linux/arm64" if any(g.host_arch == "aarch64" for g in gpus) else "linux/amd64"
 
 
 def _gpu_lookup(matrix: HasRows) -> tuple[Sequence[Mapping[str, Any]], Mapping[str, int] | None]:
@@ -130,7 +155,7 @@ def check_known_branch(driver: DriverVersion, matrix: HasRows) -> None:
 
 
 def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion | None,
-                                                                   list[GpuTarget]]:
+                                                                   list[GpuTarget], str | None]:
     from envbuild.data.gpus import GpuTarget, find_gpu
     from envbuild.errors import UsageError
     from envbuild.host import probe as host
@@ -147,7 +172,7 @@ def host_targets(matrix: HasRows, env: Mapping[str, str]) -> tuple[DriverVersion
                 raise UsageError(f"GPU {gpu.name!r} is not in gpus.yaml and its compute "
                                  "capability is unknown", hint="pass --arch sm_XY") from None
             targets.append(GpuTarget(label=gpu.name, compute_capability=gpu.compute_capability))
-    return driver, targets
+    return driver, targets, facts.platform
 
 
 def _as_datacenter(gpu: GpuTarget) -> GpuTarget:

@@ -65,12 +65,25 @@ def arch_coverage(capability: tuple[int, int], arch_list: Sequence[str]) -> Cove
     return Coverage(True, how, text, detail)
 
 
-def arch_hint(capability: tuple[int, int], arch_list: Sequence[str], variant: str = "") -> str:
-    """Which way to move: the GPU is newer or older than everything in the wheel."""
+# PyTorch's Linux aarch64 wheels drop 5.0-7.5 and 8.6 from every arch list (filter_aarch64_archs in
+# .ci/manywheel/build_cuda.sh; RELEASE.md's aarch64 table: 8.0, 9.0, then 10.0, 11.0, 12.0 from CUDA 13),
+# read 2026-11-28: an older GPU on an Arm host has no variant to move to.
+AARCH64_FIRST = (8, 0)
+
+
+def arch_hint(capability: tuple[int, int], arch_list: Sequence[str], variant: str = "",
+              machine: str = "") -> str:
+    """Which way to move: the GPU is newer or older than everything in the wheel. ``machine``:
+    the host's CPU (platform.machine()); on aarch64 older GPUs have no wheel at all."""
     sm = "sm_%d%d" % capability
     entries = parse_arch_list(arch_list)
     current = " (this is %s)" % variant if variant else ""
     pick = "`envbuild resolve --arch %s` names the variants that include it" % sm
+    if machine == "aarch64" and capability < AARCH64_FIRST:
+        return ("no aarch64 torch wheel runs on %s: PyTorch's aarch64 arch lists start at sm_80; an "
+                "x86_64 host runs this GPU (`envbuild resolve --arch %s --platform linux/amd64`)" % (sm, sm))
+    if machine == "aarch64" and capability == (8, 7):
+        return "sm_87 is a Jetson (Orin) GPU: its torch comes with JetPack, not PyTorch's aarch64 wheels"
     if entries and all(e[1] < capability for e in entries):
         return "this GPU is newer than every architecture in the wheel%s: use a newer CUDA variant; %s" % (
             current,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import platform
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -154,7 +155,7 @@ def _check_arch(run: Run, index: int) -> Outcome:
     }
     if not coverage.covered:
         run.device_block[index] = "sm_%d%d not in the wheel's arch list" % cap
-        return fail(coverage.detail, value, arch_hint(cap, archs, run.variant))
+        return fail(coverage.detail, value, arch_hint(cap, archs, run.variant, platform.machine()))
     if coverage.how == "ptx-jit":
         return warn(
             "sm_%d%d covered %s" % (cap[0], cap[1], coverage.detail),
