@@ -36,7 +36,7 @@ TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
-              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
+              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer", "exclude-newer")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
@@ -125,6 +125,12 @@ def _check_mirror_host(text: str) -> str:
     return text
 
 
+def _check_cutoff(text: str) -> str:
+    from envbuild.pylock.cutoff import parse_cutoff
+
+    return parse_cutoff(text).given
+
+
 # The check of each string-valued key (and of each element of the array-valued ones).
 CHECKS: dict[str, Callable[[str], str]] = {
     "name": _check_target_name, "driver": _check_driver, "gpus": _check_gpu, "archs": _check_arch,
@@ -135,6 +141,7 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "base-image": _lock_check("check_image_reference", "base-image"),
     "index-url": _lock_check("check_url", "index-url"),
     "torch-index-url": _lock_check("check_url", "torch-index-url"),
+    "exclude-newer": _check_cutoff,
 }
 
 
@@ -419,6 +426,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         torch_index_url=reader.string(table, "torch-index-url", []),
         find_links=find_links, extensions=extensions, build_sdists=build_sdists,
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
+        exclude_newer=reader.string(table, "exclude-newer", []),
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
 

@@ -37,10 +37,12 @@ Format (schema 1, JSON object, keys sorted):
                     (beside the lock), "sha256": of that file, "torch_layer": [canonical names
                     installed in the torch layer], "inputs_sha256": the fingerprint of the
                     closure's other inputs (``lock --check`` compares it; absent in locks made
-                    before it, which --check calls stale)}; ``packages`` then holds EVERY distribution
-                    of the environment ({canonical name: version}) and ``pip_packages`` is empty
-                    (the user's requirements are in the closure). Absent: a stack-only lock
-                    (torch and its pins; pip resolves the rest at build time).
+                    before it, which --check calls stale), "exclude_newer": optional, the
+                    cut-off the closure was resolved with (RFC 3339, UTC)}; ``packages`` then
+                    holds EVERY distribution of the environment ({canonical name: version}) and
+                    ``pip_packages`` is empty (the user's requirements are in the closure).
+                    Absent: a stack-only lock (torch and its pins; pip resolves the rest at
+                    build time).
   base_offline      optional, true when ``lock --offline`` kept the base image's tag unresolved
   fleet             optional: where the target's nodes live (the project file's nodes,
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
@@ -154,6 +156,10 @@ class PylockRef:
     # commands/lock.py ``closure_inputs``), so ``lock --check`` sees them change. None: a lock
     # from before it was recorded, which --check reports as stale.
     inputs_sha256: str | None = None
+    # exclude-newer (issue 41): the cut-off the closure was resolved with, an RFC 3339 UTC
+    # timestamp (envbuild/pylock/cutoff.py); None: no cut-off. A span ("30 days") is recorded
+    # as the instant it stood for when locked.
+    exclude_newer: str | None = None
     text: str = field(default="", compare=False)  # the file's content when made or read
 
     def to_json(self) -> dict[str, Any]:
@@ -163,6 +169,8 @@ class PylockRef:
             data["installer"] = self.installer.to_json()
         if self.inputs_sha256 is not None:
             data["inputs_sha256"] = self.inputs_sha256
+        if self.exclude_newer is not None:  # absent without a cut-off: older locks read the same
+            data["exclude_newer"] = self.exclude_newer
         return data
 
     @property
@@ -519,6 +527,12 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
     check_sha256(ref.sha256, "pylock sha256")
     if ref.inputs_sha256 is not None:
         check_sha256(ref.inputs_sha256, "pylock inputs_sha256")
+    if ref.exclude_newer is not None:
+        from envbuild.pylock.cutoff import format_instant, parse_timestamp
+
+        if format_instant(parse_timestamp(ref.exclude_newer, "pylock exclude_newer")) != ref.exclude_newer:
+            raise UsageError("the lock's pylock exclude_newer is not written as YYYY-MM-DDTHH:MM:SSZ",
+                             hint="re-create the lock")
     if "torch" not in ref.torch_layer or not set(ref.torch_layer) <= set(packages) \
             or list(ref.torch_layer) != sorted(set(ref.torch_layer)):
         raise UsageError("invalid torch_layer in the lock: sorted names of the closure, torch among them",
@@ -679,15 +693,18 @@ def _extension(raw: Any) -> Extension:
 
 def _pylock(raw: Any) -> PylockRef:
     if not isinstance(raw, dict) or not {"file", "sha256", "torch_layer", "platform"} <= set(raw) \
-            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer", "inputs_sha256"}:
+            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer", "inputs_sha256",
+                                "exclude_newer"}:
         raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform "
-                         "(installer and inputs_sha256 optional)")
+                         "(installer, inputs_sha256 and exclude_newer optional)")
     inputs = raw.get("inputs_sha256")
+    cutoff = raw.get("exclude_newer")
     return PylockRef(file=_str(raw["file"], "pylock file"), sha256=_str(raw["sha256"], "pylock sha256"),
                      torch_layer=tuple(_strings(raw["torch_layer"], "pylock torch_layer")),
                      platform=_str(raw["platform"], "pylock platform"),
                      installer=_installer(raw["installer"]) if "installer" in raw else None,
-                     inputs_sha256=None if inputs is None else _str(inputs, "pylock inputs_sha256"))
+                     inputs_sha256=None if inputs is None else _str(inputs, "pylock inputs_sha256"),
+                     exclude_newer=None if cutoff is None else _str(cutoff, "pylock exclude_newer"))
 
 
 def _installer(raw: Any) -> Installer:
