@@ -45,6 +45,9 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--accept-rebuilt", action="store_true",
                    help="record the extension wheels built now in envbuild.built.json, replacing the "
                         "sha256 it records for the same build key (default: a differing rebuild fails)")
+    g.add_argument("--strict", action="store_true",
+                   help="a lock's image whose Debian packages differ from those envbuild.debs.json records "
+                        "is exit 6 (default: a warning naming each)")
     g.add_argument("--builder", choices=("auto", "buildx", "buildah", "classic"), default="auto",
                    help="docker buildx, buildah or Docker's classic builder (auto: buildx if "
                         "installed, else classic when a daemon answers, else buildah)")
@@ -185,6 +188,12 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
 
         record_build(client, result.tag, lock, Path(args.lock).absolute().parent, say,
                      accept=args.accept_rebuilt)
+    if args.lock:  # the Debian packages the image holds, beside the lock (docs/sbom.md)
+        from envbuild.commands.built import record_debs
+        from envbuild.render.lockset import DEFAULT_TARGET
+
+        record_debs(client, result.tag, lock, args.target or DEFAULT_TARGET,
+                    Path(args.lock).absolute().parent, say, strict=args.strict, accept=args.accept_rebuilt)
     if push:
         digest = _push(builder, client, result.tag, push, env)
         repository = push.rpartition(":")[0] if _has_tag(push) else push
