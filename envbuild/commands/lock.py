@@ -294,6 +294,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             steps.step(f"base {base_text(pinned)}")
             closed = replace(closed, base_image=pinned.base_image, base_digest=pinned.base_digest,
                              base_offline=pinned.base_offline)
+            closed = replace(closed, apt_snapshot=_apt_snapshot(args, project, closed, old))
             check_lock(closed)
             steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
@@ -301,6 +302,28 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
         locks[plan.name] = replace(closed, fleet=fleet)
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
+
+
+def _apt_snapshot(args: argparse.Namespace, project: Project | None, lock: Lock,
+                  old: Lock | None) -> str | None:
+    """The project's apt-snapshot as the lock records it: a timestamp as given, or for "auto"
+    the cut-off's time (else now less 24 hours), kept from the previous lock unless --upgrade."""
+    setting = None if project is None else project.apt_snapshot
+    if setting is None:
+        return None
+    from envbuild.render import aptsnapshot
+
+    if setting == aptsnapshot.AUTO and old is not None and old.apt_snapshot is not None and not args.upgrade:
+        return old.apt_snapshot
+    from datetime import datetime, timezone
+
+    from envbuild.render.docker import custom_base
+
+    cutoff = None
+    if lock.pylock is not None and lock.pylock.exclude_newer is not None:
+        cutoff = datetime.fromisoformat(lock.pylock.exclude_newer.replace("Z", "+00:00"))
+    return aptsnapshot.resolve(setting, now=datetime.now(timezone.utc), cutoff=cutoff,
+                               ubuntu_image=not custom_base(lock))
 
 
 def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
@@ -555,6 +578,10 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
             found.append("the extensions or their sources changed")
         if (() if project is None else project.build_sdists) != locked.sdists:
             found.append("build-sdists changed")
+        setting = None if project is None else project.apt_snapshot
+        if (setting is None) != (locked.apt_snapshot is None) or \
+                (setting not in (None, "auto") and setting != locked.apt_snapshot):
+            found.append(f"apt-snapshot now {setting or 'none'}, locked {locked.apt_snapshot or 'none'}")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),

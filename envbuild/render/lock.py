@@ -52,6 +52,8 @@ Format (schema 1, JSON object, keys sorted):
                     (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
   sdists            optional: [canonical names], packages of the closure locked by their sdist
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
+  apt_snapshot      optional: "YYYYMMDDTHHMMSSZ", the time of the distribution's apt archive the
+                    apt steps read (apt-snapshot; render/aptsnapshot.py). Absent: the live archive
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -202,6 +204,9 @@ class Lock:
     compile_toolchain: bool = True
     extensions: tuple[Extension, ...] = ()
     sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
+    # apt-snapshot (issue 41): the distribution archive's time the apt steps read, YYYYMMDDTHHMMSSZ
+    # (render/aptsnapshot.py); None: the live archive.
+    apt_snapshot: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -240,6 +245,8 @@ class Lock:
             data["extensions"] = [e.to_json() for e in self.extensions]
         if self.sdists:  # absent when none, as extensions
             data["sdists"] = list(self.sdists)
+        if self.apt_snapshot is not None:  # absent when none, as sdists
+            data["apt_snapshot"] = self.apt_snapshot
         return data
 
 
@@ -497,6 +504,10 @@ def check_lock(lock: Lock) -> None:
                              hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
     check_extensions(lock)
+    from envbuild.render import aptsnapshot
+
+    aptsnapshot.check_recorded(lock.apt_snapshot)
+    aptsnapshot.check_nvidia_pins(lock.apt_snapshot, lock.apt_packages)
 
 
 def check_extensions(lock: Lock) -> None:
@@ -608,7 +619,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists"})
+                            "compile_toolchain", "extensions", "sdists", "apt_snapshot"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -675,6 +686,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
+        apt_snapshot=_optional_str(data.get("apt_snapshot"), "apt_snapshot"),
     )
 
 
