@@ -90,9 +90,9 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
                                   pylock=lockmod.PylockRef(
                                       file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
                                       torch_layer=tuple(sorted(set(packages) - {"requests", "mulext"})),
-                                      platform="x86_64-manylinux_2_35"),
+                                      platform="x86_64-manylinux_2_35", exclude_newer="2026-11-01T00:00:00Z"),
                                   extensions=(extension(extension_root, "native/addext", "extension"),),
-                                  sdists=tuple(SDISTS))
+                                  sdists=tuple(SDISTS), apt_snapshot="20261101T000000Z")
     # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),

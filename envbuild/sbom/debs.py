@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.confine import read_confined
 from envbuild.errors import UsageError
 
 FILE = "envbuild.debs.json"
@@ -149,14 +148,10 @@ def parse_record(text: str) -> dict[str, Debs]:
 
 def read_record(lock_dir: Path) -> dict[str, Debs]:
     """The record beside the lock in ``lock_dir``; empty when there is none."""
-    path = record_path(lock_dir)
-    if not path.exists() and not path.is_symlink():
-        return {}
-    data = read_confined(path, [lock_dir], FILE, limit=LIMIT)
-    try:
-        return parse_record(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UsageError(f"{FILE}: not UTF-8 text", hint=_AGAIN) from None
+    from envbuild.extensions.record import read_beside
+
+    text = read_beside(lock_dir, FILE, LIMIT, hint=_AGAIN)
+    return {} if text is None else parse_record(text)
 
 
 def record_text(record: Mapping[str, Debs]) -> str:
