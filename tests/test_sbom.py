@@ -180,6 +180,9 @@ def test_sbom_refuses_a_stack_only_lock_and_bad_options(
     assert code == 2 and "stack-only lock" in err and err.count("\n") == 1
     code, _, err = run(capsys, environment, "sbom", "--lock", "envbuild.lock", "--target", "Nope")
     assert code == 2 and "invalid target name" in err
+    code, _, err = run(capsys, environment, "build", "--lock", "envbuild.lock", "--sbom",
+                       "--builder", "buildah")
+    assert code == 2 and "--sbom: target default is a stack-only lock" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["envbuild.lock"]
 
 
@@ -277,3 +280,36 @@ def test_the_base_images_dpkg_database_is_read_without_running_it(docker_api: An
     assert "libc6:amd64" in packages and "python3.11:amd64" in packages and len(packages) > 50
     release = read_image_file(docker_api, "envbuild-test/bookworm:base", "/usr/lib/os-release")
     assert release is not None and os_id(release.decode()) == "debian"
+
+
+def test_build_sbom_writes_the_document_naming_the_image(
+        tmp_path: Path, served: Served, env: dict[str, str],  # noqa: F811 (the fixtures)
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/faults.md J20: build --lock --sbom (buildah a stand-in, no Docker engine: the Debian
+    packages cannot be read, which the build says and the document records); --sbom without
+    --lock, or on a stack-only lock, is exit 2 before any build."""
+    from test_build_targets import stand_in_buildah
+
+    monkeypatch.chdir(project(tmp_path, served.url))
+    assert run(capsys, env, "lock")[0] == 0
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    stand_in_buildah(tools)
+    built = {**env, "PATH": f"{tools}:{env['PATH']}", "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock",
+             "DOCKER_CONFIG": str(tmp_path / "no-config")}
+    monkeypatch.setenv("PATH", built["PATH"])
+    monkeypatch.setenv("DOCKER_HOST", built["DOCKER_HOST"])
+    monkeypatch.setenv("DOCKER_CONFIG", built["DOCKER_CONFIG"])
+    code, out, err = run(capsys, built, "build", "--lock", "envbuild.lock", "--builder", "buildah",
+                         "--tag", "ml/torch:sbom", "--sbom")
+    assert code == 0, err
+    assert "Debian packages were not recorded" in err and "sbom.default.cdx.json" in out
+    doc = json.loads((tmp_path / "sbom.default.cdx.json").read_text())
+    assert doc["metadata"]["component"]["name"] == "ml/torch:sbom"
+    assert {"name": "envbuild:debian-packages",
+            "value": "not recorded: no build --lock of this target has read its image yet"} \
+        in doc["metadata"]["component"]["properties"]
+    done = validate(tmp_path / "sbom.default.cdx.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, _, err = run(capsys, built, "build", "--sbom", "--builder", "buildah")
+    assert code == 2 and "--sbom lists what a lock pins: it needs --lock FILE" in err
