@@ -313,3 +313,16 @@ def test_build_sbom_writes_the_document_naming_the_image(
     assert done.returncode == 0, done.stdout + done.stderr
     code, _, err = run(capsys, built, "build", "--sbom", "--builder", "buildah")
     assert code == 2 and "--sbom lists what a lock pins: it needs --lock FILE" in err
+
+
+@pytest.mark.docker
+def test_record_debs_reads_a_real_image(docker_api: Any, tmp_path: Path, stack_lock: Lock) -> None:
+    """The real engine end to end for the record: the test base image's packages and its OS."""
+    said: list[str] = []
+    record_debs(docker_api, "envbuild-test/bookworm:base", stack_lock, "default", tmp_path, said.append)
+    recorded = read_debs(tmp_path)["default"]
+    assert recorded.os == "debian" and "libc6:amd64" in recorded.packages
+    count = len(recorded.packages)
+    assert said == [f"Debian packages: {count} recorded in envbuild.debs.json for target default"]
+    record_debs(docker_api, "envbuild-test/bookworm:base", stack_lock, "default", tmp_path, said.append)
+    assert said[-1].endswith("as envbuild.debs.json records for target default")
