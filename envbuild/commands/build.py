@@ -202,7 +202,8 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
         from envbuild.commands.built import record_debs
         from envbuild.render.lockset import DEFAULT_TARGET
 
-        record_debs(client, result.tag, lock, args.target or DEFAULT_TARGET,
+        in_engine = client if builder.name != "buildah" or builder.loads else None  # --no-load: not there
+        record_debs(in_engine, result.tag, lock, args.target or DEFAULT_TARGET,
                     Path(args.lock).absolute().parent, say, strict=args.strict, accept=args.accept_rebuilt)
         if args.sbom:
             _write_sbom(args, env, result.tag, say)
