@@ -90,16 +90,19 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
                                   pylock=lockmod.PylockRef(
                                       file="pylock.toml", sha256=hashlib.sha256(text.encode()).hexdigest(),
                                       torch_layer=tuple(sorted(set(packages) - {"requests", "mulext"})),
-                                      platform="x86_64-manylinux_2_35"),
+                                      platform="x86_64-manylinux_2_35", exclude_newer="2026-11-01T00:00:00Z"),
                                   extensions=(extension(extension_root, "native/addext", "extension"),),
-                                  sdists=tuple(SDISTS))
+                                  sdists=tuple(SDISTS), apt_snapshot="20261101T000000Z")
     # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),
                       kubernetes=KubernetesPlacement(node_selector=(("nvidia.com/gpu.product", "H100"),)))
     return {"default": dataclasses.replace(render.lock_for(default, matrix, rich), fleet=fleet).to_json(),
             "standalone": render.lock_for(standalone, matrix, alone).to_json(),
-            "closure": closure.to_json()}
+            "closure": closure.to_json(),
+            # A linux/arm64 stack: the one kind of lock whose stack records its platform.
+            "arm64": render.lock_for(_top(matrix, driver=DriverVersion.parse("580"), platform="linux/arm64"),
+                                     matrix, render.parse_options()).to_json()}
 
 
 SDISTS = ["mulext"]  # the closure baseline's build-sdists package: an sdist in its pylock
@@ -244,7 +247,7 @@ def test_baselines_hold_every_field(baselines: dict[str, str]) -> None:
     assert any(doc.get("companions") is False for doc in docs)
     assert any(doc.get("compile_toolchain") is False for doc in docs)
     for name in Stack.fields():
-        assert any(doc["stack"][name] not in empty for doc in docs) or name == "notes", name
+        assert any(doc["stack"].get(name) not in empty for doc in docs) or name == "notes", name
     for text in baselines.values():
         docker, script = rendered(text)
         # A host script builds no extension: it refuses a lock that has one.
@@ -254,7 +257,7 @@ def test_baselines_hold_every_field(baselines: dict[str, str]) -> None:
 # --- every field, every hostile value --------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["default", "standalone"])
+@pytest.mark.parametrize("name", ["default", "standalone", "arm64"])
 def test_every_field_refuses_hostile_strings(name: str, baselines: dict[str, str]) -> None:
     base = baselines[name]
     for path, kind in leaves(json.loads(base)):
@@ -269,7 +272,7 @@ def test_every_field_refuses_hostile_strings(name: str, baselines: dict[str, str
                 assert_refused_or_same(base, mutated(base, path, kind, value))
 
 
-@pytest.mark.parametrize("name", ["default", "standalone"])
+@pytest.mark.parametrize("name", ["default", "standalone", "arm64"])
 def test_every_field_refuses_wrong_types(name: str, baselines: dict[str, str]) -> None:
     base = baselines[name]
     for path, kind in leaves(json.loads(base)):
@@ -281,7 +284,7 @@ def test_every_field_refuses_wrong_types(name: str, baselines: dict[str, str]) -
                 assert_refused_or_same(base, mutated(base, path, kind, value))
 
 
-@pytest.mark.parametrize("name", ["default", "standalone"])
+@pytest.mark.parametrize("name", ["default", "standalone", "arm64"])
 def test_line_breaks_are_refused_everywhere(name: str, baselines: dict[str, str]) -> None:
     """A line break in any string of a lock is a usage error, rendered or not."""
     base = baselines[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "ca_bundle": "CA", "apt_packages": ["git", "libgl1"],
         "pip_packages": ["numpy==1.26.4", "pillow"], "env": ["HF_HOME=/data/hf", "X=$(id)"],
         "user": "trainer"}),
+    # apt-snapshot (issue 41): the distribution's archive at one time, NVIDIA's package pinned and held
+    # (its version a stand-in: the render only carries it)
+    "apt-snapshot": ({"driver": d("550")}, {
+        "apt_packages": ["git", "cuda-nvcc-12-4=0.0-0envbuildtest"], "apt_snapshot": "20261101T000000Z"}),
 }
 
 
@@ -94,9 +99,11 @@ def render_case(name: str, m: matrixmod.Matrix, tmp_path: Path) -> dict[str, byt
         wheels.mkdir(exist_ok=True)
         (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"PK")
         raw["wheelhouse"] = str(wheels)
+    snapshot = raw.pop("apt_snapshot", None)
     options = render.parse_options(**raw)
     stack = top(m, **request)
-    return render.render_docker(render.lock_for(stack, m, options), options)
+    lock = dataclasses.replace(render.lock_for(stack, m, options), apt_snapshot=snapshot)
+    return render.render_docker(lock, options)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

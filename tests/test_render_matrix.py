@@ -8,6 +8,7 @@ the template's optional branches. All files go to hadolint in one invocation.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -38,6 +39,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "all": {"ca_bundle": "CA", "base_image": "registry.example/cuda:12.8.1-base-ubuntu24.04",
             "apt_packages": ["git"], "pip_packages": ["pillow"], "env": ["A=b c"], "user": "u1"},
     "wheelhouse": {"wheelhouse": "WHEELS"},
+    # apt-snapshot (issue 41) with a CA bundle: the snapshot partial in the system step, NVIDIA's
+    # package held (its version a stand-in)
+    "snapshot": {"apt_snapshot": "20261101T000000Z", "ca_bundle": "CA",
+                 "apt_packages": ["git", "cuda-nvcc-12-4=0.0-0envbuildtest"]},
 }
 
 
@@ -88,9 +93,11 @@ def dockerfiles(m: matrixmod.Matrix, tmp: Path) -> dict[str, bytes]:
         [s for n, s in stacks if "-index-" in n][:1] + [s for _, s in stacks if s.cuda is None][:1]
     for stack in picks:
         for label, raw in OPTION_SETS.items():
-            options = options_for(stack, m, raw, tmp)
-            files[f"{stack.torch}-{stack.variant}-{label}"] = bytes(render.render_docker(
-                render.lock_for(stack, m, options), options)["Dockerfile"])
+            snapshot = raw.get("apt_snapshot")
+            options = options_for(stack, m, {k: v for k, v in raw.items() if k != "apt_snapshot"}, tmp)
+            lock = dataclasses.replace(render.lock_for(stack, m, options), apt_snapshot=snapshot)
+            name = f"{stack.torch}-{stack.variant}-{label}"
+            files[name] = bytes(render.render_docker(lock, options)["Dockerfile"])
     return files
 
 

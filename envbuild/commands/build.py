@@ -45,6 +45,12 @@ def add_commands(commands: Any) -> None:
     g.add_argument("--accept-rebuilt", action="store_true",
                    help="record the extension wheels built now in envbuild.built.json, replacing the "
                         "sha256 it records for the same build key (default: a differing rebuild fails)")
+    g.add_argument("--strict", action="store_true",
+                   help="a lock's image whose Debian packages differ from those envbuild.debs.json records "
+                        "is exit 6 (default: a warning naming each)")
+    g.add_argument("--sbom", action="store_true",
+                   help="with --lock: write each target's CycloneDX bill of materials "
+                        "(sbom.TARGET.cdx.json beside the lock) after its build, naming the image")
     g.add_argument("--builder", choices=("auto", "buildx", "buildah", "classic"), default="auto",
                    help="docker buildx, buildah or Docker's classic builder (auto: buildx if "
                         "installed, else classic when a daemon answers, else buildah)")
@@ -115,6 +121,9 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
         if parse_reference(args.push).digest is not None:
             raise UsageError(f"--push {args.push!r}: push to a tag, not a digest",
                              hint="registry/name:tag; the digest is printed after the push")
+    if args.sbom and not args.lock:
+        raise UsageError("--sbom lists what a lock pins: it needs --lock FILE",
+                         hint="lock first ('envbuild lock'), then build --lock envbuild.lock --sbom")
     if args.no_load and args.builder != "buildah":
         raise UsageError("--no-load keeps the image in buildah's storage: it needs --builder buildah",
                          hint="the other builders build into the Docker engine; drop --no-load")
@@ -125,6 +134,10 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     rendered = {name: render_context(bt.for_target(args, name), env) for name in names}
     if args.no_load and args.lock:
         _check_no_load([lock for lock, _ in rendered.values()])
+    stack_only = sorted(str(name) for name, (lock, _) in rendered.items() if lock.pylock is None)
+    if args.sbom and stack_only:  # before any build: the bill of materials needs the closure
+        raise UsageError(f"--sbom: target {', '.join(stack_only)} is a stack-only lock: it records no "
+                         "closure to list", hint="lock the whole environment with 'envbuild lock'")
     builder, client = _builder(args.builder, env, nocache=args.no_cache, load=not args.no_load)
     say = _err if args.json else out  # --json: stdout holds the document alone
     entries, reports = [], []
@@ -185,12 +198,34 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
 
         record_build(client, result.tag, lock, Path(args.lock).absolute().parent, say,
                      accept=args.accept_rebuilt)
+    if args.lock:  # the Debian packages the image holds, beside the lock (docs/sbom.md)
+        from envbuild.commands.built import record_debs
+        from envbuild.render.lockset import DEFAULT_TARGET
+
+        in_engine = client if builder.name != "buildah" or builder.loads else None  # --no-load: not there
+        record_debs(in_engine, result.tag, lock, args.target or DEFAULT_TARGET,
+                    Path(args.lock).absolute().parent, say, strict=args.strict, accept=args.accept_rebuilt)
+        if args.sbom:
+            _write_sbom(args, env, result.tag, say)
     if push:
         digest = _push(builder, client, result.tag, push, env)
         repository = push.rpartition(":")[0] if _has_tag(push) else push
         report["pushed"] = {"ref": push, "digest": digest, "pinned": f"{repository}@{digest}"}
         say(f"pushed {report['pushed']['pinned']}")
     return report
+
+
+def _write_sbom(args: argparse.Namespace, env: Mapping[str, str], image: str, say: Out) -> None:
+    """The target's bill of materials beside the lock, naming the image just built (docs/sbom.md)."""
+    from envbuild.commands.sbom import sbom_text
+    from envbuild.fs import write_file
+    from envbuild.render.lockset import read_lockset
+
+    lock_path = Path(args.lock)
+    name, lock = read_lockset(lock_path).select(args.target)
+    path = lock_path.absolute().parent / f"sbom.{name}.cdx.json"
+    write_file(path, sbom_text(name, lock, path.parent, env=env, image=image).encode("utf-8"))
+    say(f"wrote {path}")
 
 
 def _check_no_load(locks: Sequence[Lock]) -> None:

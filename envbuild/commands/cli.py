@@ -52,6 +52,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
     "fleet": ("envbuild.commands.fleet", "verify every node of every node type through Slurm or Kubernetes"),
     "diagnose": ("envbuild.commands.diagnose", "run (or watch) a training job and say why its GPU idles"),
+    "sbom": ("envbuild.commands.sbom", "write a CycloneDX bill of materials per target of a lock"),
     "config": ("envbuild.commands.config", "show every effective setting and its origin"),
     "completion": ("envbuild.commands.completion", "print a shell completion script (bash, zsh, fish)"),
 }

@@ -74,6 +74,10 @@ def add_commands(commands: Any) -> None:
                    help="what the build installs the closure with (default: the project's "
                         "'installer', else uv: its wheel is pinned in the lock like the rest, "
                         "used by the build step and not kept in the image; pip: the image's own)")
+    p.add_argument("--exclude-newer", metavar="WHEN",
+                   help="leave out files uploaded after WHEN: an RFC 3339 timestamp "
+                        "(2026-11-01T00:00:00Z) or a span of days before now ('30 days', P30D); "
+                        "overrides the project's exclude-newer; recorded in the lock")
     p.add_argument("--json", action="store_true",
                    help="print the targets and the files written as JSON (docs/schemas/lock.schema.json)")
     p.set_defaults(run=cmd_lock)
@@ -99,9 +103,14 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.upgrade and args.upgrade_package:
         raise UsageError("--upgrade and --upgrade-package cannot be combined",
                          hint="--upgrade already re-resolves every package")
-    if args.stack_only and (args.upgrade or args.upgrade_package or args.find_links or args.check):
-        raise UsageError("--stack-only locks no closure: --upgrade, --upgrade-package, --find-links "
-                         "and --check need one")
+    if args.stack_only and (args.upgrade or args.upgrade_package or args.find_links or args.check
+                            or args.exclude_newer is not None):
+        raise UsageError("--stack-only locks no closure: --upgrade, --upgrade-package, --find-links, "
+                         "--exclude-newer and --check need one")
+    if args.exclude_newer is not None:
+        from envbuild.pylock.cutoff import parse_cutoff
+
+        parse_cutoff(args.exclude_newer, "--exclude-newer")
     if args.json and (args.check or args.stack_only):
         raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
     index = _configured_index(env) if not args.stack_only else _no_index
@@ -319,6 +328,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             steps.step(f"base {base_text(pinned)}")
             closed = replace(closed, base_image=pinned.base_image, base_digest=pinned.base_digest,
                              base_offline=pinned.base_offline)
+            closed = replace(closed, apt_snapshot=_apt_snapshot(args, project, closed, old))
             check_lock(closed)
             steps.done(f"{len(closed.packages)} distributions, hashes checked")
         placement = None if project is None else project.target(plan.name).placement
@@ -326,6 +336,28 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
         locks[plan.name] = replace(closed, fleet=fleet)
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
+
+
+def _apt_snapshot(args: argparse.Namespace, project: Project | None, lock: Lock,
+                  old: Lock | None) -> str | None:
+    """The project's apt-snapshot as the lock records it: a timestamp as given, or for "auto"
+    the cut-off's time (else now less 24 hours), kept from the previous lock unless --upgrade."""
+    setting = None if project is None else project.apt_snapshot
+    if setting is None:
+        return None
+    from envbuild.render import aptsnapshot
+
+    if setting == aptsnapshot.AUTO and old is not None and old.apt_snapshot is not None and not args.upgrade:
+        return old.apt_snapshot
+    from datetime import datetime, timezone
+
+    from envbuild.render.docker import custom_base
+
+    cutoff = None
+    if lock.pylock is not None and lock.pylock.exclude_newer is not None:
+        cutoff = datetime.fromisoformat(lock.pylock.exclude_newer.replace("Z", "+00:00"))
+    return aptsnapshot.resolve(setting, now=datetime.now(timezone.utc), cutoff=cutoff,
+                               ubuntu_image=not custom_base(lock))
 
 
 def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project | None, lock: Lock,
@@ -392,6 +424,9 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old))
+    cutoff = cutoff_given(args, project)
+    inputs = closure_inputs(spec, cutoff)
+    spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, inputs, args.upgrade))
     tag = platform_tag(spec.glibc, spec.arch)
     steps.step(f"resolving the closure with uv for {tag} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
@@ -409,7 +444,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     platform=platform_tag(spec.glibc, spec.arch), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
-                    inputs_sha256=closure_inputs(spec))
+                    inputs_sha256=inputs, exclude_newer=spec.exclude_newer)
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
                      sdists=() if project is None else project.build_sdists)
@@ -445,12 +480,41 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
     )
 
 
-def closure_inputs(spec: ClosureSpec) -> str:
+def cutoff_given(args: argparse.Namespace, project: Project | None) -> str | None:
+    """The exclude-newer setting as given: the flag, else the project's, else None."""
+    given = getattr(args, "exclude_newer", None)
+    if given is None and project is not None:
+        given = project.exclude_newer
+    if given is None:
+        return None
+    from envbuild.pylock.cutoff import parse_cutoff
+
+    return parse_cutoff(given).given
+
+
+def _cutoff_instant(given: str | None, old: Lock | None, inputs: str, upgrade: bool) -> str | None:
+    """The instant the closure is resolved up to: the previous lock's, when it was locked with
+    the same setting and inputs (a span stays the day it stood for, like every other pin), unless
+    --upgrade; else the setting's, now."""
+    if given is None:
+        return None
+    if not upgrade and old is not None and old.pylock is not None and old.pylock.exclude_newer \
+            and old.pylock.inputs_sha256 == inputs:
+        return old.pylock.exclude_newer
+    from datetime import datetime, timezone
+
+    from envbuild.pylock.cutoff import format_instant, parse_cutoff
+
+    return format_instant(parse_cutoff(given).at(datetime.now(timezone.utc)))
+
+
+def closure_inputs(spec: ClosureSpec, exclude_newer: str | None = None) -> str:
     """sha256 of every input of a closure that changes the lock and is recorded nowhere else in
     it: the requirements (the project's and ``--pip-package``), the torch pins and index, the
     platform, the default index (PIP_INDEX_URL or pip's configuration; its credentials left
     out), the find-links and the installer choice. The installer's version and the previous
-    pins are kept by ``lock`` itself, so they are no input."""
+    pins are kept by ``lock`` itself, so they are no input. ``exclude_newer``: the cut-off
+    setting as given (a span's instant moves with the day; the lock records it apart)."""
     import hashlib
     import json
 
@@ -467,6 +531,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
         data["constraints"] = list(spec.constraints)
     if spec.arch != "x86_64":  # likewise: an x86_64 lock's fingerprint is what it was
         data["arch"] = spec.arch
+    if exclude_newer is not None:  # the setting as given ("30 days"), as no_binary: only when set
+        data["exclude_newer"] = exclude_newer
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -560,12 +626,17 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
             warn(unpinned_base(plan.name, locked.base_image))
         now = _target_lock(args, env, matrix, plan)
         found = _differences(locked, now, installer_choice(args, project))
-        inputs = closure_inputs(_spec(args, env, matrix, project, plan, now, index))
+        inputs = closure_inputs(_spec(args, env, matrix, project, plan, now, index),
+                                cutoff_given(args, project))
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
         if (() if project is None else project.build_sdists) != locked.sdists:
             found.append("build-sdists changed")
+        setting = None if project is None else project.apt_snapshot
+        if (setting is None) != (locked.apt_snapshot is None) or \
+                (setting not in (None, "auto") and setting != locked.apt_snapshot):
+            found.append(f"apt-snapshot now {setting or 'none'}, locked {locked.apt_snapshot or 'none'}")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
         raise StaleLock(f"{path} is stale: " + "; ".join(reasons),
@@ -610,9 +681,17 @@ def _closure_differences(locked: Lock, inputs: str) -> list[str]:
                      "envbuild), so a change to them cannot be ruled out")
     elif locked.pylock.inputs_sha256 != inputs:
         found.append("the closure's inputs changed (--pip-package, --find-links, the index "
-                     "PIP_INDEX_URL or pip's configuration names, or the installer)")
-    if read_pylock(locked.pylock.text).versions() != dict(sorted(locked.packages.items())):
+                     "PIP_INDEX_URL or pip's configuration names, the installer, or exclude-newer)")
+    pylock = read_pylock(locked.pylock.text)
+    if pylock.versions() != dict(sorted(locked.packages.items())):
         found.append(f"its packages disagree with {locked.pylock.file}")
+    if locked.pylock.exclude_newer is not None:
+        from envbuild.pylock.cutoff import late_files, parse_timestamp
+
+        late = late_files(pylock.uploads(), parse_timestamp(locked.pylock.exclude_newer, "exclude_newer"))
+        if late:
+            found.append(f"{locked.pylock.file} holds files uploaded after its cut-off "
+                         f"{locked.pylock.exclude_newer}: {'; '.join(late[:3])}")
     return found
 
 

@@ -137,14 +137,21 @@ def parse_record(text: str) -> Record:
 
 def read_record(lock_dir: Path) -> Record:
     """The record beside the lock in ``lock_dir``; empty when there is none."""
-    path = record_path(lock_dir)
+    text = read_beside(lock_dir, FILE, LIMIT, hint=f"remove {FILE} (build writes it again)")
+    return {} if text is None else parse_record(text)
+
+
+def read_beside(lock_dir: Path, name: str, limit: int, *, hint: str) -> str | None:
+    """The text of the record ``name`` a build keeps beside the lock (this one, and
+    envbuild/sbom/debs.py's): confined to ``lock_dir``, size-capped, UTF-8; None when absent."""
+    path = lock_dir / name
     if not path.exists() and not path.is_symlink():
-        return {}
-    data = read_confined(path, [lock_dir], FILE, limit=LIMIT)
+        return None
+    data = read_confined(path, [lock_dir], name, limit=limit)
     try:
-        return parse_record(data.decode("utf-8"))
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{FILE}: not UTF-8 text", hint=f"remove {FILE} (build writes it again)") from None
+        raise UsageError(f"{name}: not UTF-8 text", hint=hint) from None
 
 
 def record_text(record: Mapping[BuildKey, Built]) -> str:

@@ -36,7 +36,8 @@ TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", "platform", *FLE
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
-              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
+              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer", "exclude-newer",
+              "apt-snapshot")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS,
             *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
@@ -133,6 +134,18 @@ def _check_mirror_host(text: str) -> str:
     return text
 
 
+def _check_cutoff(text: str) -> str:
+    from envbuild.pylock.cutoff import parse_cutoff
+
+    return parse_cutoff(text).given
+
+
+def _check_apt_snapshot(text: str) -> str:
+    from envbuild.render.aptsnapshot import parse_setting
+
+    return parse_setting(text)
+
+
 # The check of each string-valued key (and of each element of the array-valued ones).
 CHECKS: dict[str, Callable[[str], str]] = {
     "name": _check_target_name, "driver": _check_driver, "gpus": _check_gpu, "archs": _check_arch,
@@ -144,6 +157,8 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "base-image": _lock_check("check_image_reference", "base-image"),
     "index-url": _lock_check("check_url", "index-url"),
     "torch-index-url": _lock_check("check_url", "torch-index-url"),
+    "exclude-newer": _check_cutoff,
+    "apt-snapshot": _check_apt_snapshot,
 }
 
 
@@ -433,6 +448,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         torch_index_url=reader.string(table, "torch-index-url", []),
         find_links=find_links, extensions=extensions, build_sdists=build_sdists,
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
+        exclude_newer=reader.string(table, "exclude-newer", []),
+        apt_snapshot=reader.string(table, "apt-snapshot", []),
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
 

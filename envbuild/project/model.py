@@ -60,6 +60,8 @@ class Project:
     extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
     build_sdists: tuple[str, ...] = ()  # canonical names locked by their sdist and built beside them
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
+    exclude_newer: str | None = None  # the cut-off as given: a timestamp or "30 days" (pylock/cutoff.py)
+    apt_snapshot: str | None = None  # "YYYYMMDDTHHMMSSZ" or "auto" (render/aptsnapshot.py)
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()
 

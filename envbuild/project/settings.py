@@ -95,6 +95,10 @@ def project_settings(project: Project | None, shown: str | None, *, from_flag: b
     out.append(Setting(name="flavor", value=project.flavor, origin=origin))
     out.append(Setting(name="installer", value=project.installer or "uv",
                        origin=origin if project.installer else "default"))
+    out.append(Setting(name="exclude-newer", value=project.exclude_newer,
+                       origin=origin if project.exclude_newer else "default: none, no cut-off"))
+    out.append(Setting(name="apt-snapshot", value=project.apt_snapshot,
+                       origin=origin if project.apt_snapshot else "default: none, the live archive"))
     out.append(Setting(name="user", value=project.user, origin=origin))
     out.append(Setting(name="companions", value=str(project.companions).lower(), origin=origin))
     out.append(Setting(name="targets", value=", ".join(t.name for t in project.targets) or None,

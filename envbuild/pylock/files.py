@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -36,6 +37,10 @@ class PylockFile:
     url: str | None
     path: str | None
     sha256: str
+    # PEP 751's packages.wheels.upload-time / sdist.upload-time: when the index says the file was
+    # uploaded (uv records it where the index gives one: PEP 700's JSON ``upload-time``, the HTML
+    # page's ``data-upload-time``). None: the index gave none. Aware, in UTC.
+    upload_time: datetime | None = None
 
     @property
     def is_local(self) -> bool:
@@ -61,6 +66,15 @@ class Pylock:
     def versions(self) -> dict[str, str]:
         """{canonical name: version} for every package, sorted by name."""
         return {p.name: p.version for p in sorted(self.packages, key=lambda p: p.name)}
+
+    def uploads(self) -> dict[str, list[tuple[str, datetime]]]:
+        """{"name version": [(file name, upload time)]} for every file with an upload time."""
+        found: dict[str, list[tuple[str, datetime]]] = {}
+        for p in self.packages:
+            for f in (*p.wheels, *(() if p.sdist is None else (p.sdist,))):
+                if f.upload_time is not None:
+                    found.setdefault(f"{p.name} {p.version}", []).append((f.filename, f.upload_time))
+        return found
 
     def package(self, name: str) -> PylockPackage:
         wanted = canonicalize_name(name)
@@ -191,7 +205,12 @@ def _file(entry: Any, where: str) -> PylockFile:
     filename = name or _last_component(url or path or "")
     if not filename:
         raise UsageError(f"pylock: {where}: no file name in its url or path")
-    return PylockFile(filename=filename, url=url or None, path=path or None, sha256=sha256.lower())
+    uploaded = entry.get("upload-time")
+    if uploaded is not None and (not isinstance(uploaded, datetime) or uploaded.tzinfo is None):
+        raise UsageError(f"pylock: {where}.upload-time: not a date-time with an offset",
+                         hint="PEP 751 records it as a TOML offset date-time, e.g. 2026-11-01T00:00:00Z")
+    return PylockFile(filename=filename, url=url or None, path=path or None, sha256=sha256.lower(),
+                      upload_time=None if uploaded is None else uploaded.astimezone(timezone.utc))
 
 
 def _last_component(location: str) -> str:

@@ -55,7 +55,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
 from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
-from envbuild.pylock.files import read_pylock
+from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
 from envbuild.redact import redact, server_text
@@ -101,6 +101,9 @@ class ClosureSpec:
     # The project's -c constraints files' lines: uv's --constraints for the closure's run.
     constraints: tuple[str, ...] = ()
     arch: str = "x86_64"  # the target's CPU: aarch64 for a linux/arm64 target (its own pylock)
+    # The cut-off (exclude-newer), an RFC 3339 UTC instant: no file uploaded after it
+    # (envbuild/pylock/cutoff.py). None: none.
+    exclude_newer: str | None = None
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -289,6 +292,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
                          lambda url: served_sha256(url, env))
             pages.check(pylock)
+        _check_pins_cutoff(spec, pylock)
         layer = _torch_layer(run, pylock.versions(), work)
         wheel = None if installer is None else installer.result()
     return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel)
@@ -323,7 +327,7 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
-    command = run.command(OUTPUT, hashes=True)
+    command = run.command(OUTPUT, hashes=True) + _cutoff_options(spec)
     if spec.constraints:
         lines = _checked(spec.constraints, "constraint")
         (work / USER_CONSTRAINTS).write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
@@ -334,6 +338,36 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
         command += ["--upgrade-package", name]
     run.run(command, work, started)
     return (work / OUTPUT).read_text(encoding="utf-8")
+
+
+def _cutoff_options(spec: ClosureSpec) -> list[str]:
+    """uv's options for the cut-off: ``--exclude-newer`` and, for the pins taken from the
+    variant's index (which may give no upload times: uv would drop those files), the pins let
+    past the filter; :func:`_check_pins_cutoff` holds them to it where their index gave a time."""
+    if spec.exclude_newer is None:
+        return []
+    options = ["--exclude-newer", spec.exclude_newer]
+    if spec.torch_index is not None:
+        for name in sorted(spec.torch_pins):
+            options += ["--exclude-newer-package", f"{canonicalize_name(name)}=false"]
+    return options
+
+
+def _check_pins_cutoff(spec: ClosureSpec, pylock: Pylock) -> None:
+    """The stack's pins whose index gave an upload time after the cut-off: NoCompatibleStack
+    (3). A pin without an upload time passes: the stack's exact version holds it."""
+    if spec.exclude_newer is None or spec.torch_index is None:
+        return
+    from envbuild.pylock.cutoff import late_files, parse_timestamp
+
+    pins = {canonicalize_name(n) for n in spec.torch_pins}
+    uploads = {k: v for k, v in pylock.uploads().items() if k.split(" ", 1)[0] in pins}
+    late = late_files(uploads, parse_timestamp(spec.exclude_newer, "exclude-newer"))
+    if late:
+        raise NoCompatibleStack(
+            f"the stack's pins were uploaded after the cut-off exclude-newer {spec.exclude_newer}: "
+            + "; ".join(late[:3]), conflicts=tuple(late),
+            hint="choose an older stack (--torch), or a later cut-off")
 
 
 def _installer(run: _Uv, work: Path, pages: IndexPages | None,
@@ -503,7 +537,12 @@ def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
                          hint="check the user name and password or token the index gets (the "
                               "environment's PIP_INDEX_URL, netrc, a keyring); the lock records none")
     if any("No solution found" in line for line in lines):
-        return _conflict(lines, spec)
+        conflict = _conflict(lines, spec)
+        if spec.exclude_newer is not None and any("filtered by `exclude-newer`" in line for line in lines):
+            conflict.hint = (f"the cut-off exclude-newer {spec.exclude_newer} left these out: files "
+                             "uploaded after it, and files whose index gives no upload time; "
+                             "choose a later cut-off, or loosen the requirement")
+        return conflict
     errors = [line for line in lines if line.startswith("error:")]
     causes = [line for line in lines if line.startswith("cause:")]
     head = errors[0].removeprefix("error:").strip() if errors else ""

@@ -20,6 +20,7 @@ from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
 from envbuild.extensions.stage import context_files, stage_context
 from envbuild.fs import FileData
+from envbuild.render.aptsnapshot import holds
 from envbuild.render.lock import Lock, Standalone, make_lock
 from envbuild.render.templates import environment, major_minor
 from envbuild.render.values import (
@@ -364,6 +365,8 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "project_requirements": project_requirements,
         "buildkit": buildkit,
         "compile_toolchain": lock.compile_toolchain,  # partials/compile_toolchain.j2
+        "apt_snapshot": lock.apt_snapshot,  # partials/apt_snapshot.j2
+        "apt_holds": holds(lock.apt_snapshot, lock.apt_packages),
         "pip_cache": buildkit,  # partials/torch_install.j2: keep pip's cache (a cache mount)
         "ca_secret": CA_SECRET_PATH,
         "installer": None if lock.pylock is None or lock.pylock.installer is None

@@ -37,10 +37,12 @@ Format (schema 1, JSON object, keys sorted):
                     (beside the lock), "sha256": of that file, "torch_layer": [canonical names
                     installed in the torch layer], "inputs_sha256": the fingerprint of the
                     closure's other inputs (``lock --check`` compares it; absent in locks made
-                    before it, which --check calls stale)}; ``packages`` then holds EVERY distribution
-                    of the environment ({canonical name: version}) and ``pip_packages`` is empty
-                    (the user's requirements are in the closure). Absent: a stack-only lock
-                    (torch and its pins; pip resolves the rest at build time).
+                    before it, which --check calls stale), "exclude_newer": optional, the
+                    cut-off the closure was resolved with (RFC 3339, UTC)}; ``packages`` then
+                    holds EVERY distribution of the environment ({canonical name: version}) and
+                    ``pip_packages`` is empty (the user's requirements are in the closure).
+                    Absent: a stack-only lock (torch and its pins; pip resolves the rest at
+                    build time).
   base_offline      optional, true when ``lock --offline`` kept the base image's tag unresolved
   fleet             optional: where the target's nodes live (the project file's nodes,
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
@@ -50,6 +52,8 @@ Format (schema 1, JSON object, keys sorted):
                     (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
   sdists            optional: [canonical names], packages of the closure locked by their sdist
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
+  apt_snapshot      optional: "YYYYMMDDTHHMMSSZ", the time of the distribution's apt archive the
+                    apt steps read (apt-snapshot; render/aptsnapshot.py). Absent: the live archive
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -154,6 +158,10 @@ class PylockRef:
     # commands/lock.py ``closure_inputs``), so ``lock --check`` sees them change. None: a lock
     # from before it was recorded, which --check reports as stale.
     inputs_sha256: str | None = None
+    # exclude-newer (issue 41): the cut-off the closure was resolved with, an RFC 3339 UTC
+    # timestamp (envbuild/pylock/cutoff.py); None: no cut-off. A span ("30 days") is recorded
+    # as the instant it stood for when locked.
+    exclude_newer: str | None = None
     text: str = field(default="", compare=False)  # the file's content when made or read
 
     def to_json(self) -> dict[str, Any]:
@@ -163,6 +171,8 @@ class PylockRef:
             data["installer"] = self.installer.to_json()
         if self.inputs_sha256 is not None:
             data["inputs_sha256"] = self.inputs_sha256
+        if self.exclude_newer is not None:  # absent without a cut-off: older locks read the same
+            data["exclude_newer"] = self.exclude_newer
         return data
 
     @property
@@ -199,6 +209,9 @@ class Lock:
     compile_toolchain: bool = True
     extensions: tuple[Extension, ...] = ()
     sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
+    # apt-snapshot (issue 41): the distribution archive's time the apt steps read, YYYYMMDDTHHMMSSZ
+    # (render/aptsnapshot.py); None: the live archive.
+    apt_snapshot: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -237,6 +250,8 @@ class Lock:
             data["extensions"] = [e.to_json() for e in self.extensions]
         if self.sdists:  # absent when none, as extensions
             data["sdists"] = list(self.sdists)
+        if self.apt_snapshot is not None:  # absent when none, as sdists
+            data["apt_snapshot"] = self.apt_snapshot
         return data
 
 
@@ -497,6 +512,10 @@ def check_lock(lock: Lock) -> None:
                              hint="KEY matching [A-Za-z_][A-Za-z0-9_]*")
     check_user_name(lock.user, "--user")
     check_extensions(lock)
+    from envbuild.render import aptsnapshot
+
+    aptsnapshot.check_recorded(lock.apt_snapshot)
+    aptsnapshot.check_nvidia_pins(lock.apt_snapshot, lock.apt_packages)
 
 
 def check_extensions(lock: Lock) -> None:
@@ -527,6 +546,12 @@ def check_pylock_ref(ref: PylockRef, packages: Mapping[str, str]) -> None:
     check_sha256(ref.sha256, "pylock sha256")
     if ref.inputs_sha256 is not None:
         check_sha256(ref.inputs_sha256, "pylock inputs_sha256")
+    if ref.exclude_newer is not None:
+        from envbuild.pylock.cutoff import format_instant, parse_timestamp
+
+        if format_instant(parse_timestamp(ref.exclude_newer, "pylock exclude_newer")) != ref.exclude_newer:
+            raise UsageError("the lock's pylock exclude_newer is not written as YYYY-MM-DDTHH:MM:SSZ",
+                             hint="re-create the lock")
     if "torch" not in ref.torch_layer or not set(ref.torch_layer) <= set(packages) \
             or list(ref.torch_layer) != sorted(set(ref.torch_layer)):
         raise UsageError("invalid torch_layer in the lock: sorted names of the closure, torch among them",
@@ -602,7 +627,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists"})
+                            "compile_toolchain", "extensions", "sdists", "apt_snapshot"})
 
 
 def _stack_json(stack: Stack) -> dict[str, Any]:
@@ -680,6 +705,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
+        apt_snapshot=_optional_str(data.get("apt_snapshot"), "apt_snapshot"),
     )
 
 
@@ -698,15 +724,18 @@ def _extension(raw: Any) -> Extension:
 
 def _pylock(raw: Any) -> PylockRef:
     if not isinstance(raw, dict) or not {"file", "sha256", "torch_layer", "platform"} <= set(raw) \
-            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer", "inputs_sha256"}:
+            or not set(raw) <= {"file", "sha256", "torch_layer", "platform", "installer", "inputs_sha256",
+                                "exclude_newer"}:
         raise UsageError("lock 'pylock' needs file, sha256, torch_layer and platform "
-                         "(installer and inputs_sha256 optional)")
+                         "(installer, inputs_sha256 and exclude_newer optional)")
     inputs = raw.get("inputs_sha256")
+    cutoff = raw.get("exclude_newer")
     return PylockRef(file=_str(raw["file"], "pylock file"), sha256=_str(raw["sha256"], "pylock sha256"),
                      torch_layer=tuple(_strings(raw["torch_layer"], "pylock torch_layer")),
                      platform=_str(raw["platform"], "pylock platform"),
                      installer=_installer(raw["installer"]) if "installer" in raw else None,
-                     inputs_sha256=None if inputs is None else _str(inputs, "pylock inputs_sha256"))
+                     inputs_sha256=None if inputs is None else _str(inputs, "pylock inputs_sha256"),
+                     exclude_newer=None if cutoff is None else _str(cutoff, "pylock exclude_newer"))
 
 
 def _installer(raw: Any) -> Installer:
