@@ -52,8 +52,9 @@ def test_build_sdists_names_requirements_of_the_project(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('dependencies = ["six"]\nbuild-sdists = ["flash-attn"]\n',
-     "envbuild.toml:2: build-sdists[0]: 'flash-attn' is not a requirement of the project"),
+    # an indirect requirement may be named (lock checks the closure holds it); not a number
+    ('dependencies = ["six"]\nbuild-sdists = 1\n',
+     "envbuild.toml:2: build-sdists: expected an array of strings"),
     ('dependencies = ["six"]\nbuild-sdists = ["six; rm -rf /"]\n', "is not a distribution name"),
     ('dependencies = ["six"]\nbuild-sdists = ["six", "SIX"]\n', "is named twice"),
 ])
@@ -143,7 +144,7 @@ def test_without_build_sdists_lock_is_exit_3_naming_the_key(empty_index: str,
     with pytest.raises(NoCompatibleStack) as caught:
         compile_closure(spec(empty_index, links[0], ()))
     assert "mulext" in caught.value.message and caught.value.exit_code == 3
-    assert 'add build-sdists = ["mulext"] to the project' in caught.value.hint
+    assert 'build-sdists = ["mulext"] to the project' in caught.value.hint
 
 
 def test_uv_words_for_a_package_with_no_wheels_name_it() -> None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
+    from envbuild.pylock.sourceonly import HeldBack
     from envbuild.pylock.uv import ClosureSpec
     from envbuild.render.lock import Lock
     from envbuild.render.lockset import LockSet
@@ -111,8 +112,9 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     plans = _plans(args, project)
     if args.check:
         return _check(args, env, matrix, plans, project, path, out, index)
-    lockset = _lock_all(args, env, matrix, plans, project, index, previous=_previous(path))
-    _write(path, lockset, out, as_json=args.json)
+    held: dict[str, tuple[HeldBack, ...]] = {}
+    lockset = _lock_all(args, env, matrix, plans, project, index, previous=_previous(path), held=held)
+    _write(path, lockset, out, as_json=args.json, held=held)
     return 0
 
 
@@ -259,7 +261,10 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
-              project: Project | None, index: Callable[[], str], *, previous: LockSet | None) -> LockSet:
+              project: Project | None, index: Callable[[], str], *, previous: LockSet | None,
+              held: dict[str, tuple[HeldBack, ...]]) -> LockSet:
+    """Every target locked; ``held`` gets, per target, the packages wheels-only resolution held
+    back (an sdist-only release: envbuild/pylock/sourceonly.py)."""
     from envbuild.commands.lockview import Steps, base_text
     from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
@@ -277,7 +282,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             old = previous.targets.get(plan.name) if previous is not None else None
             try:
                 closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index,
-                                started=start)
+                                started=start, held=held)
             except Exception:
                 based()  # the registry's error first, as when the base was pinned before uv ran
                 raise
@@ -342,7 +347,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps,
-           index: Callable[[], str], *, started: Callable[[], None] | None = None) -> Lock:
+           index: Callable[[], str], *, started: Callable[[], None] | None = None,
+           held: dict[str, tuple[HeldBack, ...]] | None = None) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
     ``started``: called once uv's closure run has started."""
     from envbuild.pylock.uv import compile_closure, platform_tag
@@ -358,6 +364,11 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
+    steps.warn([*closure.notes, *(f"{h.shown()}: wheels-only resolution held it back; build-sdists = "
+                                  f"true (or [\"{h.name}\"]) builds the newest from its sdist"
+                                  for h in closure.held_back)])
+    if held is not None:
+        held[plan.name] = closure.held_back
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -368,7 +379,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     inputs_sha256=closure_inputs(spec))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
-                     sdists=() if project is None else project.build_sdists)
+                     sdists=closure.sdists)
     check_lock(locked)
     return locked
 
@@ -395,6 +406,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         find_links=tuple(args.find_links) + (() if project is None else tuple(project.find_links)),
         installer=None if installer_choice(args, project) == "pip" else "uv",
         no_binary=() if project is None else project.build_sdists,
+        all_sdists=project is not None and project.all_sdists,
         env=env,
     )
 
@@ -417,6 +429,8 @@ def closure_inputs(spec: ClosureSpec) -> str:
             "installer": "pip" if spec.installer is None else "uv"}
     if spec.no_binary:  # only when set: the fingerprint of a lock without them stays as it was
         data["no_binary"] = list(spec.no_binary)
+    if spec.all_sdists:
+        data["all_sdists"] = "true"
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -438,7 +452,8 @@ def _installer_version(args: argparse.Namespace, project: Project | None, old: L
     return uv_version(find_uv(None))
 
 
-def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> None:
+def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False,
+           held: Mapping[str, tuple[HeldBack, ...]] | None = None) -> None:
     from envbuild.commands.lockview import base_text, lock_json, on_disk
 
     files = lockset.files()
@@ -446,7 +461,7 @@ def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> 
     progress(f"lock: writing {path} and {len(files) - 1} pylock file{'s' if len(files) != 2 else ''}")
     _write_files(path, files.pop("envbuild.lock"), files)
     if as_json:
-        out(lock_json(path, lockset, before))
+        out(lock_json(path, lockset, before, held or {}))
         return
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
@@ -509,7 +524,9 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
-        if (() if project is None else project.build_sdists) != locked.sdists:
+        if project is not None and project.all_sdists:
+            pass  # the sdists uv chose: the closure's inputs say whether they could change
+        elif (() if project is None else project.build_sdists) != locked.sdists:
             found.append("build-sdists changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:

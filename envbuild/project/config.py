@@ -397,7 +397,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
             raise reader.fail(["registry-mirrors", host], exc.message, exc.hint) from None
     find_links = _find_links(reader, table, root, cwd)
     extensions = _extensions(reader, table, root)
-    build_sdists = _build_sdists(reader, table, dependencies)
+    build_sdists, all_sdists = _build_sdists(reader, table)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
         raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
@@ -417,7 +417,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         base_image=reader.string(table, "base-image", []),
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
-        find_links=find_links, extensions=extensions, build_sdists=build_sdists,
+        find_links=find_links, extensions=extensions, build_sdists=build_sdists, all_sdists=all_sdists,
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
@@ -559,22 +559,19 @@ def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
     return tuple(found)
 
 
-def _build_sdists(reader: _Reader, table: Mapping[str, Any], dependencies: Sequence[str]) -> tuple[str, ...]:
-    """``build-sdists``: requirements of ``dependencies`` locked by their sdist and built against
-    the locked torch (envbuild/extensions/sdists.py), as canonical names."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
+def _build_sdists(reader: _Reader, table: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """``build-sdists``: (the packages of the closure locked by their sdist and built against the
+    locked torch, as canonical names; whether ``true`` asks for every package only an sdist
+    provides). A name may be an indirect requirement: ``lock`` checks that the closure holds it
+    (envbuild/extensions/sdists.py)."""
     from envbuild.extensions.sdists import check_names
 
+    if table.get("build-sdists") is True:
+        return (), True
+    if table.get("build-sdists") is False:
+        return (), False
     names = reader.strings(table, "build-sdists", [])
     try:
-        found = check_names(names, "build-sdists")
+        return check_names(names, "build-sdists"), False
     except UsageError as exc:
         raise reader.fail(["build-sdists"], exc.message, exc.hint) from None
-    required = {canonicalize_name(Requirement(d).name) for d in dependencies}
-    for i, name in enumerate(names):
-        if canonicalize_name(name) not in required:
-            raise reader.fail(["build-sdists", i], f"{quoted(name)} is not a requirement of the project",
-                              "add it to dependencies (with its version) and name it here")
-    return found

@@ -54,6 +54,7 @@ class Project:
     registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
     extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
     build_sdists: tuple[str, ...] = ()  # canonical names locked by their sdist and built beside them
+    all_sdists: bool = False  # build-sdists = true: every package only an sdist provides
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()
