@@ -162,7 +162,8 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
     found = _base_os(lock, client)
     if buildkit or found is not None:  # BuildKit syntax: the CA bundle a secret, a pip cache mount
         lock, files = render_context(args, env, buildkit=buildkit,
-                                     base_os=None if found is None else found.name)
+                                     base_os=None if found is None else found.name,
+                                     offline_steps=builder.name == "buildx")
 
     def progress(event: BuildEvent) -> None:
         if event.kind == "step":

@@ -379,7 +379,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     inputs_sha256=closure_inputs(spec))
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
-                     sdists=closure.sdists)
+                     sdists=closure.sdists, build_env=() if project is None else project.build_env)
     check_lock(locked)
     return locked
 
@@ -524,6 +524,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pla
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
+        if (() if project is None else project.build_env) != locked.build_env:
+            found.append("build-env changed")
         if project is not None and project.all_sdists:
             pass  # the sdists uv chose: the closure's inputs say whether they could change
         elif (() if project is None else project.build_sdists) != locked.sdists:

@@ -35,8 +35,8 @@ FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
 TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
-IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
-              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
+IMAGE_KEYS = ("extensions", "build-sdists", "build-env", "apt-packages", "compile-toolchain", "env", "user",
+              "base-image", "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", *FLEET_KEYS, "targets", *STACK_KEYS, *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
 _GPU_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ._()/-")
@@ -375,15 +375,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     targets = _targets(reader, table)
     gathered = _dependencies(reader, table, document if is_pyproject else None, root, cwd, sources)
     dependencies, torch_constraints = gathered.split()
-    env = reader.string_table("env")
-    env_pairs = []
-    for key, value in env.items():
-        try:
-            from envbuild.render.values import check_env
-
-            env_pairs.append(check_env(key, value, "env"))  # the key alone: "A=x y" is no key
-        except UsageError as exc:
-            raise reader.fail(["env", key], exc.message, exc.hint) from None
+    env_pairs = _env_table(reader, "env")
+    build_env = _env_table(reader, "build-env")  # the extensions stage's only, never the image's
     mirrors = reader.string_table("registry-mirrors")
     for host, url in mirrors.items():
         try:
@@ -418,6 +411,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
         find_links=find_links, extensions=extensions, build_sdists=build_sdists, all_sdists=all_sdists,
+        build_env=tuple(sorted(build_env)),
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
     )
@@ -557,6 +551,20 @@ def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[
                                                  "(the same directory or distribution name)")
         found.append(record)
     return tuple(found)
+
+
+def _env_table(reader: _Reader, key: str) -> list[tuple[str, str]]:
+    """A table of environment variables (``env``, ``build-env``), each checked as ``--env`` is
+    (docs/env.md: no credentials, nothing an output cannot carry)."""
+    from envbuild.render.values import check_env
+
+    pairs = []
+    for name, value in reader.string_table(key).items():
+        try:
+            pairs.append(check_env(name, value, key))  # the key alone: "A=x y" is no key
+        except UsageError as exc:
+            raise reader.fail([key, name], exc.message, exc.hint) from None
+    return pairs
 
 
 def _build_sdists(reader: _Reader, table: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:

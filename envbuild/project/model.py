@@ -55,6 +55,7 @@ class Project:
     extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
     build_sdists: tuple[str, ...] = ()  # canonical names locked by their sdist and built beside them
     all_sdists: bool = False  # build-sdists = true: every package only an sdist provides
+    build_env: tuple[tuple[str, str], ...] = ()  # set in the extensions stage only (MAX_JOBS, …)
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     inputs_digest: str = ""
     sources: tuple[str, ...] = ()

@@ -46,10 +46,13 @@ Format (schema 1, JSON object, keys sorted):
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
                     Absent: no fleet keys (locks written before them read the same)
   extensions        optional: [{"dir": relative to the lock, "name": canonical, "sha256": of its
-                    source tree}], built against the locked torch in the image build
-                    (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
+                    source tree, "cuda": true when it holds .cu/.cuh sources (absent: none)}],
+                    built against the locked torch in the image build (``envbuild/extensions``);
+                    built wheels' sha256: envbuild.built.json beside it
   sdists            optional: [canonical names], packages of the closure locked by their sdist
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
+  build_env         optional: [[KEY, VALUE]], the project's build-env, set in the extensions
+                    stage only (checked as env is); absent: none
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -194,6 +197,7 @@ class Lock:
     compile_toolchain: bool = True
     extensions: tuple[Extension, ...] = ()
     sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
+    build_env: tuple[tuple[str, str], ...] = ()  # the extensions stage's variables (build-env)
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -232,6 +236,8 @@ class Lock:
             data["extensions"] = [e.to_json() for e in self.extensions]
         if self.sdists:  # absent when none, as extensions
             data["sdists"] = list(self.sdists)
+        if self.build_env:  # absent when none, as extensions
+            data["build_env"] = [[k, v] for k, v in self.build_env]
         return data
 
 
@@ -481,7 +487,7 @@ def check_lock(lock: Lock) -> None:
         if re.sub(r"[-_.]+", "-", pip.split("==")[0]).lower() in pinned:
             raise UsageError(f"--pip-package {quoted(pip)} would override the lock's own pin",
                              hint="the stack pins it already; drop the --pip-package")
-    for key, value in lock.env:
+    for key, value in (*lock.env, *lock.build_env):
         # The pair as --env KEY=VALUE would split it: a key holding '=' ("A=x y") would have
         # passed as key A and rendered a second ENV pair.
         if check_env_pair(f"{key}={value}", "--env") != (key, value):
@@ -594,7 +600,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists"})
+                            "compile_toolchain", "extensions", "sdists", "build_env"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -661,7 +667,14 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
+        build_env=tuple(_env_pairs(data.get("build_env", []), "build_env")),
     )
+
+
+def _env_pairs(raw: Any, field: str) -> list[tuple[str, str]]:
+    if not isinstance(raw, list) or any(not isinstance(p, list) or len(p) != 2 for p in raw):
+        raise UsageError(f"lock {field!r} must be a list of [KEY, VALUE] pairs")
+    return [(_str(k, f"{field} key"), _str(v, f"{field} value")) for k, v in raw]
 
 
 def _list(value: Any, field: str) -> list[Any]:
@@ -670,11 +683,16 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
+_EXTENSION_KEYS = frozenset({"dir", "name", "sha256"})
+
+
 def _extension(raw: Any) -> Extension:
-    if not isinstance(raw, dict) or set(raw) != {"dir", "name", "sha256"}:
-        raise UsageError("lock 'extensions' entries need dir, name and sha256, nothing else")
+    if not isinstance(raw, dict) or not _EXTENSION_KEYS <= set(raw) <= {*_EXTENSION_KEYS, "cuda"} \
+            or raw.get("cuda", True) is not True:
+        raise UsageError("lock 'extensions' entries need dir, name and sha256 (cuda: true optional), "
+                         "nothing else")
     return Extension(dir=_str(raw["dir"], "extension dir"), name=_str(raw["name"], "extension name"),
-                     sha256=_str(raw["sha256"], "extension sha256"))
+                     sha256=_str(raw["sha256"], "extension sha256"), cuda="cuda" in raw)
 
 
 def _pylock(raw: Any) -> PylockRef:
