@@ -92,6 +92,27 @@ def test_the_stage_compiles_cuda_with_force_cuda_and_the_build_env_stays_in_it(
     assert "--network=none" not in build  # the classic builder: the build's network throughout
 
 
+def test_the_stage_compiles_for_the_target_gpus_when_the_lock_names_them(tmp_path: Path) -> None:
+    """The lock records the target GPUs' architectures (lock with GPUs named): the stage compiles
+    for those alone (an A100 and an H100: 8.0;9.0), not for every GPU the torch wheel covers, and
+    the smoke test wants device code for exactly those."""
+    from envbuild.smoke.devicecode import wanted_archs
+
+    path = cuda_lock(tmp_path)
+    lock = replace(lockset.read_lockset(path).targets["default"], gpu_archs=("sm_80", "sm_90"))
+    assert lockmod.from_json(lock.to_json()) == lock
+    options = render.RenderOptions(extension_root=tmp_path)
+    dockerfile = render.render_docker(lock, options)["Dockerfile"]
+    assert isinstance(dockerfile, bytes)
+    assert 'ENV TORCH_CUDA_ARCH_LIST="8.0;9.0"\n' in dockerfile.decode()
+    assert wanted_archs(json.loads(lock.to_json())) == ["sm_80", "sm_90"]
+    data = json.loads(lock.to_json())
+    for bad in ("compute_80", "sm_80+PTX", "8.0", "sm_80;rm"):
+        data["gpu_archs"] = [bad]
+        with pytest.raises(UsageError, match="invalid gpu_archs"):
+            lockmod.from_json(json.dumps(data))
+
+
 def test_under_buildx_the_compiling_steps_have_no_network(tmp_path: Path) -> None:
     path = cuda_lock(tmp_path)
     lock = lockset.read_lockset(path).targets["default"]
@@ -178,3 +199,16 @@ def test_a_tls_failure_in_a_build_step_names_ca_bundle_and_the_variable_read() -
     assert "trusted --ca-bundle /etc/ssl/old.pem" in given.hint and "lacks" in given.hint
     other = failed("error: g++ failed")
     assert _tls_hinted(other, None, {"PIP_CERT": "/p"}) is other  # not a TLS failure: untouched
+
+
+def test_lock_records_the_target_gpus_architectures_render_does_not() -> None:
+    from envbuild.commands.cli import build_parser
+    from envbuild.commands.options import load_matrix, resolve_lock
+
+    args = build_parser().parse_args(["render", "docker", "--driver", "570", "--gpu", "A100",
+                                      "--gpu", "H100", "-o", "out"])
+    matrix = load_matrix(args, {})
+    assert resolve_lock(args, {}, matrix, gpu_archs=True).gpu_archs == ("sm_80", "sm_90")
+    assert resolve_lock(args, {}, matrix).gpu_archs == ()  # render's lock: as before
+    cpu = build_parser().parse_args(["render", "docker", "--variant", "cpu", "--gpu", "A100", "-o", "out"])
+    assert resolve_lock(cpu, {}, matrix, gpu_archs=True).gpu_archs == ()  # nothing compiled for a GPU

@@ -100,7 +100,8 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
     # build-env (the extensions stage's variables) in the default baseline: every hostile value is
     # tried on it.
     return {"default": dataclasses.replace(render.lock_for(default, matrix, rich), fleet=fleet,
-                                           build_env=(("MAX_JOBS", "4"),)).to_json(),
+                                           build_env=(("MAX_JOBS", "4"),),
+                                           gpu_archs=("sm_80", "sm_90")).to_json(),
             "standalone": render.lock_for(standalone, matrix, alone).to_json(),
             "closure": closure.to_json()}
 

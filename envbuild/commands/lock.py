@@ -251,7 +251,7 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
     narrowed = _torch_spec(plan.args, plan.torch_constraints)
     ns, built_for = _extension_spec(narrowed, plan.dependencies)
     try:
-        return resolve_lock(ns, env, matrix)
+        return resolve_lock(ns, env, matrix, gpu_archs=True)
     except NoCompatibleStack as exc:
         if ns is plan.args:
             raise

@@ -370,7 +370,7 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "installer": None if lock.pylock is None or lock.pylock.installer is None
         else lock.pylock.installer.name,
         "installer_file": INSTALLER_FILE,
-        **stage_context(lock.extensions, cuda=s.cuda, arch_list=s.arch_list,
+        **stage_context(lock.extensions, cuda=s.cuda, arch_list=lock.gpu_archs or s.arch_list,
                         standalone=standalone is not None, sdists=bool(lock.sdists), recorded=recorded,
                         build_env=lock.build_env, offline_steps=offline_steps),
     }

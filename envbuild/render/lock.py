@@ -53,6 +53,9 @@ Format (schema 1, JSON object, keys sorted):
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
   build_env         optional: [[KEY, VALUE]], the project's build-env, set in the extensions
                     stage only (checked as env is); absent: none
+  gpu_archs         optional: ["sm_80", …], the target GPUs' architectures (``lock`` with GPUs named,
+                    a CUDA stack): TORCH_CUDA_ARCH_LIST of the extensions stage, and what the
+                    smoke test wants their device code for; absent: the stack's arch list
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -198,6 +201,7 @@ class Lock:
     extensions: tuple[Extension, ...] = ()
     sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
     build_env: tuple[tuple[str, str], ...] = ()  # the extensions stage's variables (build-env)
+    gpu_archs: tuple[str, ...] = ()  # the target GPUs' sm_XY: what extensions are compiled for
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -238,6 +242,8 @@ class Lock:
             data["sdists"] = list(self.sdists)
         if self.build_env:  # absent when none, as extensions
             data["build_env"] = [[k, v] for k, v in self.build_env]
+        if self.gpu_archs:  # absent when no GPU was named (or a CPU stack)
+            data["gpu_archs"] = list(self.gpu_archs)
         return data
 
 
@@ -446,6 +452,8 @@ def check_lock(lock: Lock) -> None:
     _match(_UBUNTU_RE, s.ubuntu, "ubuntu")
     for arch in s.arch_list:
         _match(is_arch, arch, "arch_list")
+    for arch in lock.gpu_archs:
+        _match(lambda a: is_arch(a) and a.startswith("sm_") and "+" not in a, arch, "gpu_archs")
     if lock.flavor not in ("runtime", "devel") or s.flavor != lock.flavor:
         raise UsageError(f"invalid flavor {quoted(lock.flavor)} in the lock")
     if s.compat not in (None, "native", "minor-version", "forward"):
@@ -600,7 +608,7 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists", "build_env"})
+                            "compile_toolchain", "extensions", "sdists", "build_env", "gpu_archs"})
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Lock:
@@ -668,6 +676,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
         build_env=tuple(_env_pairs(data.get("build_env", []), "build_env")),
+        gpu_archs=tuple(_strings(data.get("gpu_archs", []), "gpu_archs")),
     )
 
 

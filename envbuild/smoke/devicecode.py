@@ -146,9 +146,10 @@ def cuda_extensions(lock: Mapping[str, object]) -> List[str]:
 
 
 def wanted_archs(lock: Mapping[str, object]) -> List[str]:
-    """The sm entries of the lock's stack arch list: what the extensions stage built for."""
+    """What the extensions stage built for: the target GPUs' architectures the lock records
+    (``gpu_archs``), else the sm entries of its stack's arch list."""
     stack = lock.get("stack")
-    archs = stack.get("arch_list") if isinstance(stack, dict) else None
+    archs = lock.get("gpu_archs") or (stack.get("arch_list") if isinstance(stack, dict) else None)
     return [a for a in archs if isinstance(a, str) and a.startswith("sm_")] if isinstance(archs, list) else []
 
 
