@@ -4,6 +4,7 @@ pylock entries refused, the build stage, the record's keys, checks and mismatche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -106,19 +107,26 @@ class _Files(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def served(root: Path) -> Iterator[str]:
+    """``root`` as a find-links page (its directory listing) on 127.0.0.1: the URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Files, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="module")
 def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, bytes]]:
     """A find-links page on 127.0.0.1 holding mulext's sdist alone."""
     root = tmp_path_factory.mktemp("links")
     data = sdist_bytes()
     (root / "mulext-0.1.tar.gz").write_bytes(data)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Files, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", data
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(root) as url:
+        yield url, data
 
 
 def spec(index: str, link: str, no_binary: tuple[str, ...]) -> ClosureSpec:

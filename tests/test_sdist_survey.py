@@ -10,12 +10,9 @@ find-links page on 127.0.0.1 that holds
 
 from __future__ import annotations
 
-import functools
-import http.server
 import io
 import json
 import tarfile
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +22,7 @@ import pytest
 from schemas import check
 from test_lock_command import env, indexes, run
 from test_lock_command import project as lock_project
-from test_sdist_builds import empty_index
+from test_sdist_builds import empty_index, served
 
 from envbuild.errors import NoCompatibleStack, UsageError
 from envbuild.project.config import project_from_text
@@ -66,11 +63,6 @@ def wheel(name: str, version: str, requires: tuple[str, ...] = ()) -> bytes:
     return buffer.getvalue()
 
 
-class _Files(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("survey-links")
@@ -81,13 +73,8 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (root / "held-0.2.tar.gz").write_bytes(sdist("held", "0.2"))
     (root / "dynamic-0.1-py3-none-any.whl").write_bytes(wheel("dynamic", "0.1"))
     (root / "dynamic-0.2.tar.gz").write_bytes(sdist("dynamic", "0.2", version_line="Metadata-Version: 2.1"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Files, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(root) as url:
+        yield url
 
 
 @pytest.fixture()
