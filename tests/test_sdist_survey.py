@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 from schemas import check
 from test_lock_command import env, indexes, run
 from test_lock_command import project as lock_project
@@ -192,3 +194,27 @@ def test_lock_says_what_it_held_back_and_lock_json_lists_it(
     assert document["targets"][0]["sdists"] == []
     assert "warning: held 0.1 locked, not 0.2 (which is an sdist only; the project): wheels-only " \
            "resolution held it back" in err
+
+
+@pytest.mark.network
+def test_the_real_rouge_score_case_is_reported_and_every_sdist_named(tmp_path: Path) -> None:
+    """The issue's case on the configured index: rouge-score's newest release is an sdist only,
+    so wheels-only resolution takes an older one and says so; with two sdist-only requirements
+    beside a wheel-only one's, one run names both."""
+    from envbuild.upstream.pipconfig import index_url
+
+    env = {**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    index = index_url(None, env)
+    got = compile_closure(ClosureSpec(torch_pins={}, python="3.11", glibc="2.35",
+                                      dependencies=("rouge-score",), default_index=index, env=env,
+                                      timeout=300))
+    [held] = [h for h in got.held_back if h.name == "rouge-score"]
+    assert held.locked == got.packages["rouge-score"] and held.sdist_only and held.via == ()
+    assert Version(held.locked) < Version(held.newest)
+    with pytest.raises(NoCompatibleStack) as caught:
+        compile_closure(ClosureSpec(torch_pins={}, python="3.11", glibc="2.35",
+                                    dependencies=("sqlitedict", "word2number", "six"),
+                                    default_index=index, env=env, timeout=300))
+    assert "sqlitedict" in caught.value.message and "word2number" in caught.value.message
+    assert 'build-sdists = ["sqlitedict", "word2number"]' in caught.value.hint
