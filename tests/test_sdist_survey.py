@@ -218,3 +218,20 @@ def test_the_real_rouge_score_case_is_reported_and_every_sdist_named(tmp_path: P
                                     default_index=index, env=env, timeout=300))
     assert "sqlitedict" in caught.value.message and "word2number" in caught.value.message
     assert 'build-sdists = ["sqlitedict", "word2number"]' in caught.value.hint
+
+
+def test_lock_with_build_sdists_true_records_the_sdists_uv_chose_and_check_holds(
+        tmp_path: Path, indexes: str, env: dict[str, str], links: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(lock_project(tmp_path, indexes, deps='["six", "held"]'))
+    with (tmp_path / "envbuild.toml").open("a") as file:
+        file.write(f'find-links = ["{links}"]\nbuild-sdists = true\n')
+    code, out, err = run(capsys, env, "lock", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    check("lock.schema.json", document)
+    assert document["targets"][0]["sdists"] == ["held"] and document["targets"][0]["held_back"] == []
+    assert json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["sdists"] == ["held"]
+    assert "held it back" not in err
+    code, out, err = run(capsys, env, "lock", "--check")
+    assert code == 0, err
