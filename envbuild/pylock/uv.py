@@ -298,7 +298,9 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             raise _every_sdist_only(run, work, exc) from None
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         pylock = read_pylock(text)
-        sdists, held, notes = _sdists_and_held_back(run, work, pylock)
+        # The survey (a run allowing sdists) reads the index: on the side thread after the
+        # installer's, beside the hash check and the torch layer's run from uv's cache.
+        survey = side.submit(_sdists_and_held_back, run, work, pylock)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
@@ -306,6 +308,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             pages.check(pylock)
         layer = _torch_layer(run, pylock.versions(), work)
         wheel = None if installer is None else installer.result()
+        sdists, held, notes = survey.result()
     return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel,
                    sdists=sdists, held_back=held, notes=notes)
 
@@ -325,7 +328,8 @@ def _sdists_and_held_back(run: _Uv, work: Path,
         raise UsageError(f"build-sdists names {', '.join(missing)}, which the locked closure does not hold",
                          hint="name packages of the closure only (or build-sdists = true)")
     try:
-        survey, annotated = _survey(run, work)
+        survey, annotated = _survey(run, work,
+                                    annotate=lambda found: bool(sourceonly.held_back(versions, found, {})))
     except TooSlow:
         raise
     except EnvbuildError as exc:
@@ -361,9 +365,11 @@ def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack) -> Envbu
         conflicts=tuple(s.name for s in found), hint=sourceonly.names_hint(found))
 
 
-def _survey(run: _Uv, work: Path) -> tuple[Pylock, dict[str, tuple[str, tuple[str, ...]]]]:
+def _survey(run: _Uv, work: Path, annotate: Callable[[Pylock], bool] = lambda _: True
+            ) -> tuple[Pylock, dict[str, tuple[str, tuple[str, ...]]]]:
     """uv's closure of the same project with sdists allowed (the same previous pins kept), and
-    its annotated requirements (who requires whom). The closure run asks the index (unless the
+    its annotated requirements (who requires whom; only when ``annotate`` says the closure needs
+    them). The closure run asks the index (unless the
     lock is offline): asked of uv's cache alone, uv passes over a newer sdist whose metadata the
     cache lacks and answers with the older release, silently (measured: rouge-score 0.0.4, not
     0.1.2). The second run, held to that closure's versions, asks the cache first."""
@@ -375,6 +381,8 @@ def _survey(run: _Uv, work: Path) -> tuple[Pylock, dict[str, tuple[str, tuple[st
         (survey / OUTPUT).write_text(spec.previous, encoding="utf-8")
     run.run(run.command(OUTPUT, hashes=True, spec=spec), survey)
     pylock = read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
+    if not annotate(pylock):  # nothing to say where it comes from: no second run
+        return pylock, {}
     (survey / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
                                      encoding="utf-8")
     command = [*run.command("via.txt", hashes=False, spec=replace(spec, offline=True), annotate=True),
