@@ -179,16 +179,25 @@ def test_build_sdists_true_and_an_indirect_name_are_valid_project_values(tmp_pat
         project_from_text(text, path, shown="envbuild.toml")
 
 
-def test_lock_says_what_it_held_back_and_lock_json_lists_it(
-        tmp_path: Path, indexes: str, env: dict[str, str], links: str,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(lock_project(tmp_path, indexes, deps='["six", "held"]'))
-    with (tmp_path / "envbuild.toml").open("a") as file:
-        file.write(f'find-links = ["{links}"]\n')
+def lock_json(root: Path, indexes: str, links: str, keys: str, env: dict[str, str],
+              capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+    """``lock --json`` of a project requiring six and held, with the find-links page and ``keys``:
+    (the document, checked against its schema; standard error)."""
+    lock_project(root, indexes, deps='["six", "held"]')
+    with (root / "envbuild.toml").open("a") as file:
+        file.write(f'find-links = ["{links}"]\n{keys}')
     code, out, err = run(capsys, env, "lock", "--json")
     assert code == 0, err
     document = json.loads(out)
     check("lock.schema.json", document)
+    return document, err
+
+
+def test_lock_says_what_it_held_back_and_lock_json_lists_it(
+        tmp_path: Path, indexes: str, env: dict[str, str], links: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    document, err = lock_json(tmp_path, indexes, links, "", env, capsys)
     assert document["targets"][0]["held_back"] == [
         {"name": "held", "locked": "0.1", "newest": "0.2", "newest_sdist_only": True, "via": []}]
     assert document["targets"][0]["sdists"] == []
@@ -223,15 +232,11 @@ def test_the_real_rouge_score_case_is_reported_and_every_sdist_named(tmp_path: P
 def test_lock_with_build_sdists_true_records_the_sdists_uv_chose_and_check_holds(
         tmp_path: Path, indexes: str, env: dict[str, str], links: str,
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(lock_project(tmp_path, indexes, deps='["six", "held"]'))
-    with (tmp_path / "envbuild.toml").open("a") as file:
-        file.write(f'find-links = ["{links}"]\nbuild-sdists = true\n')
-    code, out, err = run(capsys, env, "lock", "--json")
-    assert code == 0, err
-    document = json.loads(out)
-    check("lock.schema.json", document)
+    monkeypatch.chdir(tmp_path)
+    document, err = lock_json(tmp_path, indexes, links, "build-sdists = true\n", env, capsys)
     assert document["targets"][0]["sdists"] == ["held"] and document["targets"][0]["held_back"] == []
     assert json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["sdists"] == ["held"]
     assert "held it back" not in err
     code, out, err = run(capsys, env, "lock", "--check")
+    assert "is up to date" in out
     assert code == 0, err
