@@ -73,6 +73,8 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (root / "indirectb-3.0.tar.gz").write_bytes(sdist("indirectb", "3.0"))
     (root / "held-0.1-py3-none-any.whl").write_bytes(wheel("held", "0.1"))
     (root / "held-0.2.tar.gz").write_bytes(sdist("held", "0.2"))
+    (root / "keep-1.0-py3-none-any.whl").write_bytes(wheel("keep", "1.0"))
+    (root / "keep-2.0-py3-none-any.whl").write_bytes(wheel("keep", "2.0"))
     (root / "dynamic-0.1-py3-none-any.whl").write_bytes(wheel("dynamic", "0.1"))
     (root / "dynamic-0.2.tar.gz").write_bytes(sdist("dynamic", "0.2", version_line="Metadata-Version: 2.1"))
     with served(root) as url:
@@ -104,6 +106,15 @@ def test_one_lock_names_every_sdist_only_requirement_with_where_it_comes_from(
     assert "build-sdists = true" in hint and 'build-sdists = ["directa", "indirectb"]' in hint
 
 
+def test_a_list_missing_one_sdist_only_package_gets_the_whole_list_in_its_hint(
+        empty_index: str, links: str, uv_env: dict[str, str]) -> None:
+    with pytest.raises(NoCompatibleStack) as caught:
+        compile_closure(spec(empty_index, links, uv_env, "directa", "parent", no_binary=("directa",)))
+    assert "1 requirement of the closure has no wheel" in caught.value.message
+    assert "indirectb 3.0 (via parent ← the project)" in caught.value.message
+    assert 'build-sdists = ["directa", "indirectb"]' in caught.value.hint
+
+
 def test_an_indirect_sdist_only_package_named_in_build_sdists_is_locked_by_its_sdist(
         empty_index: str, links: str, uv_env: dict[str, str]) -> None:
     got = compile_closure(spec(empty_index, links, uv_env, "directa", "parent",
@@ -128,6 +139,20 @@ def test_a_release_held_back_by_wheels_only_resolution_is_reported(
     assert got.held_back[0].shown() == "held 0.1 locked, not 0.2 (which is an sdist only; the project)"
     pinned = compile_closure(spec(empty_index, links, uv_env, "held==0.1"))
     assert pinned.held_back == () and pinned.notes == ()  # the requirement allows nothing newer
+
+
+def test_a_kept_previous_pin_is_no_downgrade_unless_the_newer_release_is_an_sdist_only(
+        empty_index: str, links: str, uv_env: dict[str, str]) -> None:
+    """A lock made before (keep 1.0, held 0.1) locked again: uv keeps both pins. keep 2.0 has a
+    wheel (an --upgrade reaches it): not reported; held 0.2 is an sdist only, which no wheels-only
+    lock ever reaches: reported again, so a lock made before this check learns it too."""
+    first = compile_closure(spec(empty_index, links, uv_env, "keep==1.0", "held"))
+    again = compile_closure(spec(empty_index, links, uv_env, "keep", "held", previous=first.pylock_text))
+    assert again.packages == {"held": "0.1", "keep": "1.0"}
+    assert [(h.name, h.locked, h.newest) for h in again.held_back] == [("held", "0.1", "0.2")]
+    upgraded = compile_closure(spec(empty_index, links, uv_env, "keep", "held", previous=first.pylock_text,
+                                    upgrade=True))
+    assert upgraded.packages["keep"] == "2.0" and [h.name for h in upgraded.held_back] == ["held"]
 
 
 def test_build_sdists_true_builds_every_sdist_only_release_and_holds_nothing_back(

@@ -11,8 +11,8 @@ second time with sdists allowed (the *survey*), and this module compares the two
   wheel for the target's platform (uv's pylock lists only the wheels that fit it), each with
   the chain of requirements it comes from (uv's ``# via`` annotations);
 - :func:`held_back`: every package the wheels-only closure locks at an older version than
-  the survey's, which is the newest the requirements allow (the previous pins are kept by
-  both runs alike, so a kept pin is no downgrade).
+  the survey's, which is the newest the requirements allow (the survey keeps no previous pin;
+  a previous pin the lock kept is no downgrade, unless the newer release is an sdist only).
 """
 
 from __future__ import annotations
@@ -109,13 +109,18 @@ def sdist_only(survey: Pylock, annotated: Mapping[str, tuple[str, tuple[str, ...
 
 
 def held_back(locked: Mapping[str, str], survey: Pylock,
-              annotated: Mapping[str, tuple[str, tuple[str, ...]]]) -> list[HeldBack]:
-    """The packages ``locked`` (wheels only) holds at an older version than the survey's."""
+              annotated: Mapping[str, tuple[str, tuple[str, ...]]],
+              kept: Mapping[str, str] | None = None) -> list[HeldBack]:
+    """The packages ``locked`` (wheels only) holds at an older version than the survey's. A
+    previous pin uv kept (``kept``: {name: version}) is no downgrade, unless the newer release
+    is an sdist only, which no wheels-only lock would ever reach."""
     parents = {name: requirers for name, (_, requirers) in annotated.items()}
     found: list[HeldBack] = []
     for package in sorted(survey.packages, key=lambda p: p.name):
         mine = locked.get(package.name)
         if mine is None or not _older(mine, package.version):
+            continue
+        if (kept or {}).get(package.name) == mine and (package.sdist is None or package.wheels):
             continue
         found.append(HeldBack(name=package.name, locked=mine, newest=package.version,
                               sdist_only=package.sdist is not None and not package.wheels,
@@ -130,9 +135,10 @@ def _older(mine: str, newest: str) -> bool:
         return False
 
 
-def names_hint(found: list[SdistOnly]) -> str:
-    """The project keys that build them: ``build-sdists = true`` or the list of names."""
-    names = ", ".join(f'"{s.name}"' for s in found)
+def names_hint(found: list[SdistOnly], listed: tuple[str, ...] = ()) -> str:
+    """The project keys that build them: ``build-sdists = true`` or the list of names (with
+    those ``listed`` in it already)."""
+    names = ", ".join(f'"{name}"' for name in sorted({*listed, *(s.name for s in found)}))
     return (f"to build them from their sdists (against the locked torch), add build-sdists = true (every "
             f"package only an sdist provides) or build-sdists = [{names}] to the project "
             "(docs/extensions.md)")

@@ -327,9 +327,10 @@ def _sdists_and_held_back(run: _Uv, work: Path,
     if missing:
         raise UsageError(f"build-sdists names {', '.join(missing)}, which the locked closure does not hold",
                          hint="name packages of the closure only (or build-sdists = true)")
+    kept = _kept_pins(spec)
     try:
-        survey, annotated = _survey(run, work,
-                                    annotate=lambda found: bool(sourceonly.held_back(versions, found, {})))
+        survey, annotated = _survey(
+            run, work, annotate=lambda found: bool(sourceonly.held_back(versions, found, {}, kept)))
     except TooSlow:
         raise
     except EnvbuildError as exc:
@@ -338,7 +339,15 @@ def _sdists_and_held_back(run: _Uv, work: Path,
     # Offline, uv passes over a release whose metadata its cache lacks: a held-back package may go unseen.
     notes = ("--offline: what wheels-only resolution held back was checked against uv's cache only, "
              "which may lack a newer sdist",) if spec.offline else ()
-    return spec.no_binary, tuple(sourceonly.held_back(versions, survey, annotated)), notes
+    return spec.no_binary, tuple(sourceonly.held_back(versions, survey, annotated, kept)), notes
+
+
+def _kept_pins(spec: ClosureSpec) -> dict[str, str]:
+    """The previous pylock's pins uv was asked to keep: none with --upgrade, none of --upgrade-package's."""
+    if spec.previous is None or spec.upgrade:
+        return {}
+    upgraded = {canonicalize_name(n) for n in spec.upgrade_packages}
+    return {n: v for n, v in read_pylock(spec.previous).versions().items() if n not in upgraded}
 
 
 def _shortened(text: str, limit: int = 240) -> str:
@@ -362,12 +371,12 @@ def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack) -> Envbu
         f"{len(found)} requirement{'s' if len(found) != 1 else ''} of the closure "
         f"{'have' if len(found) != 1 else 'has'} no wheel for {platform}, only an sdist: "
         + "; ".join(s.shown() for s in found),
-        conflicts=tuple(s.name for s in found), hint=sourceonly.names_hint(found))
+        conflicts=tuple(s.name for s in found), hint=sourceonly.names_hint(found, run.spec.no_binary))
 
 
 def _survey(run: _Uv, work: Path, annotate: Callable[[Pylock], bool] = lambda _: True
             ) -> tuple[Pylock, dict[str, tuple[str, tuple[str, ...]]]]:
-    """uv's closure of the same project with sdists allowed (the same previous pins kept), and
+    """uv's closure of the same project with sdists allowed (no previous pin kept), and
     its annotated requirements (who requires whom; only when ``annotate`` says the closure needs
     them). The closure run asks the index (unless the
     lock is offline): asked of uv's cache alone, uv passes over a newer sdist whose metadata the
@@ -376,9 +385,7 @@ def _survey(run: _Uv, work: Path, annotate: Callable[[Pylock], bool] = lambda _:
     survey = work / "survey"
     survey.mkdir(exist_ok=True)
     (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
-    spec = replace(run.spec, all_sdists=True, no_binary=())
-    if spec.previous is not None:
-        (survey / OUTPUT).write_text(spec.previous, encoding="utf-8")
+    spec = replace(run.spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
     run.run(run.command(OUTPUT, hashes=True, spec=spec), survey)
     pylock = read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
     if not annotate(pylock):  # nothing to say where it comes from: no second run
