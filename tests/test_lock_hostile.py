@@ -97,7 +97,11 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),
                       kubernetes=KubernetesPlacement(node_selector=(("nvidia.com/gpu.product", "H100"),)))
-    return {"default": dataclasses.replace(render.lock_for(default, matrix, rich), fleet=fleet).to_json(),
+    # build-env (the extensions stage's variables) in the default baseline: every hostile value is
+    # tried on it.
+    return {"default": dataclasses.replace(render.lock_for(default, matrix, rich), fleet=fleet,
+                                           build_env=(("MAX_JOBS", "4"),),
+                                           gpu_archs=("sm_80", "sm_90")).to_json(),
             "standalone": render.lock_for(standalone, matrix, alone).to_json(),
             "closure": closure.to_json(),
             # A linux/arm64 stack: the one kind of lock whose stack records its platform.

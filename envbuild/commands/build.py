@@ -163,6 +163,32 @@ def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int
     return 0
 
 
+# The CA bundles envbuild itself trusts, in the order it reads them: pip's (upstream/pipconfig.py),
+# then the one uv gets (pylock/uv.py).
+CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+
+
+def _tls_hinted(error: BuildFailed, ca_bundle: str | None, env: Mapping[str, str]) -> BuildFailed:
+    """A build step that failed TLS verification (a TLS-inspecting proxy between the build and
+    the index): the hint names --ca-bundle and the variable envbuild read its own bundle from."""
+    from envbuild.engine.build import tls_failure
+
+    if not tls_failure(error):
+        return error
+    if ca_bundle:
+        hint = (f"the build trusted --ca-bundle {ca_bundle}, yet a step's TLS verification failed "
+                "(CERTIFICATE_VERIFY_FAILED): that bundle lacks the proxy's or the server's CA")
+    else:
+        found = next((name for name in CA_VARIABLES if env.get(name)), None)
+        hint = (f"a step's TLS verification failed (CERTIFICATE_VERIFY_FAILED), as behind a TLS-inspecting "
+                f"proxy: build with --ca-bundle \"${found}\" (envbuild read {found}={env[found]} for its own "
+                "downloads; the image does not keep it)" if found else
+                "a step's TLS verification failed (CERTIFICATE_VERIFY_FAILED), as behind a TLS-inspecting "
+                f"proxy: build with --ca-bundle FILE holding its CA ({', '.join(CA_VARIABLES)}: none is set)")
+    return BuildFailed(error.message, hint=f"{hint}; {error.hint}" if error.hint else hint,
+                       details=error.details)
+
+
 def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, client: Any,
                lock: Lock, files: Mapping[str, Any], *, tag: str, push: str | None, timestamp: int | None,
                say: Out) -> dict[str, Any]:
@@ -175,7 +201,8 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
     found = _base_os(lock, client)
     if buildkit or found is not None:  # BuildKit syntax: the CA bundle a secret, a pip cache mount
         lock, files = render_context(args, env, buildkit=buildkit,
-                                     base_os=None if found is None else found.name)
+                                     base_os=None if found is None else found.name,
+                                     offline_steps=builder.name == "buildx")
 
     def progress(event: BuildEvent) -> None:
         if event.kind == "step":
@@ -183,11 +210,14 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
         elif event.kind == "download" or args.verbose:
             _err(f"    {event.text}")
 
-    result = build_image(builder, files, tag=tag,
-                         network=None if args.network == "default" else args.network,
-                         progress=progress,
-                         on_interrupt=client.close if client is not None else lambda: None,
-                         buildkit=buildkit, timestamp=timestamp if buildkit else None)
+    try:
+        result = build_image(builder, files, tag=tag,
+                             network=None if args.network == "default" else args.network,
+                             progress=progress,
+                             on_interrupt=client.close if client is not None else lambda: None,
+                             buildkit=buildkit, timestamp=timestamp if buildkit else None)
+    except BuildFailed as exc:
+        raise _tls_hinted(exc, getattr(args, "ca_bundle", None), env) from None
     report = result.to_json()
     size = f"{result.size / 1e9:.2f} GB, " if result.size else ""  # none: not in the Docker engine
     where = "; in buildah's storage only" if builder.name == "buildah" and not builder.loads else ""

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
+    from envbuild.pylock.sourceonly import HeldBack
     from envbuild.pylock.uv import ClosureSpec
     from envbuild.render.lock import Lock
     from envbuild.render.lockset import LockSet
@@ -135,8 +136,10 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if previous is not None and previous.flags and previous.flags != flags:
         warn(f"{path} was locked with {' '.join(previous.flags)}; this lock is made with "
              f"{' '.join(flags) or 'no flags'} (give them again to keep them)")
-    lockset = _lock_all(args, env, matrix, _plans(args, project), project, index, previous=previous)
-    _write(path, replace(lockset, flags=flags), out, as_json=args.json)
+    held: dict[str, tuple[HeldBack, ...]] = {}
+    lockset = _lock_all(args, env, matrix, _plans(args, project), project, index, previous=previous,
+                        held=held)
+    _write(path, replace(lockset, flags=flags), out, as_json=args.json, held=held)
     return 0
 
 
@@ -292,7 +295,7 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
     narrowed = _torch_spec(plan.args, plan.torch_constraints)
     ns, built_for = _extension_spec(narrowed, plan.dependencies)
     try:
-        return resolve_lock(ns, env, matrix)
+        return resolve_lock(ns, env, matrix, gpu_archs=True)
     except NoCompatibleStack as exc:
         if ns is plan.args:
             raise
@@ -302,7 +305,10 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
-              project: Project | None, index: Callable[[], str], *, previous: LockSet | None) -> LockSet:
+              project: Project | None, index: Callable[[], str], *, previous: LockSet | None,
+              held: dict[str, tuple[HeldBack, ...]]) -> LockSet:
+    """Every target locked; ``held`` gets, per target, the packages wheels-only resolution held
+    back (an sdist-only release: envbuild/pylock/sourceonly.py)."""
     from envbuild.commands.lockview import Steps, base_text
     from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
@@ -320,7 +326,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             old = previous.targets.get(plan.name) if previous is not None else None
             try:
                 closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index,
-                                started=start)
+                                started=start, held=held)
             except Exception:
                 based()  # the registry's error first, as when the base was pinned before uv ran
                 raise
@@ -411,7 +417,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps,
-           index: Callable[[], str], *, started: Callable[[], None] | None = None) -> Lock:
+           index: Callable[[], str], *, started: Callable[[], None] | None = None,
+           held: dict[str, tuple[HeldBack, ...]] | None = None) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
     ``started``: called once uv's closure run has started."""
     from envbuild.pylock.uv import compile_closure, platform_tag
@@ -436,7 +443,12 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         from envbuild.pylock.hashed import check_hashed
 
         check_hashed(read_pylock(closure.pylock_text), project.hashes, python=spec.python,
-                     glibc=spec.glibc, sdists=project.build_sdists)
+                     glibc=spec.glibc, arch=spec.arch, sdists=closure.sdists)
+    steps.warn([*closure.notes, *(f"{h.shown()}: wheels-only resolution held it back; build-sdists = "
+                                  f"true (or [\"{h.name}\"]) builds the newest from its sdist"
+                                  for h in closure.held_back)])
+    if held is not None:
+        held[plan.name] = closure.held_back
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -447,7 +459,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     inputs_sha256=inputs, exclude_newer=spec.exclude_newer)
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
-                     sdists=() if project is None else project.build_sdists)
+                     sdists=closure.sdists, build_env=() if project is None else project.build_env)
     check_lock(locked)
     return locked
 
@@ -475,6 +487,7 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         installer=None if installer_choice(args, project) == "pip" else "uv",
         no_binary=() if project is None else project.build_sdists,
         constraints=() if project is None else project.constraints,
+        all_sdists=project is not None and project.all_sdists,
         env=env,
         arch=lock.stack.machine,
     )
@@ -533,6 +546,8 @@ def closure_inputs(spec: ClosureSpec, exclude_newer: str | None = None) -> str:
         data["arch"] = spec.arch
     if exclude_newer is not None:  # the setting as given ("30 days"), as no_binary: only when set
         data["exclude_newer"] = exclude_newer
+    if spec.all_sdists:
+        data["all_sdists"] = "true"
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -554,7 +569,8 @@ def _installer_version(args: argparse.Namespace, project: Project | None, old: L
     return uv_version(find_uv(None))
 
 
-def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> None:
+def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False,
+           held: Mapping[str, tuple[HeldBack, ...]] | None = None) -> None:
     from envbuild.commands.lockview import base_text, lock_json, on_disk
 
     files = lockset.files()
@@ -562,7 +578,7 @@ def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False) -> 
     progress(f"lock: writing {path} and {len(files) - 1} pylock file{'s' if len(files) != 2 else ''}")
     _write_files(path, files.pop("envbuild.lock"), files)
     if as_json:
-        out(lock_json(path, lockset, before))
+        out(lock_json(path, lockset, before, held or {}))
         return
     for name, lock in sorted(lockset.targets.items()):
         assert lock.pylock is not None
@@ -631,7 +647,11 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
-        if (() if project is None else project.build_sdists) != locked.sdists:
+        if (() if project is None else project.build_env) != locked.build_env:
+            found.append("build-env changed")
+        if project is not None and project.all_sdists:
+            pass  # the sdists uv chose: the closure's inputs say whether they could change
+        elif (() if project is None else project.build_sdists) != locked.sdists:
             found.append("build-sdists changed")
         setting = None if project is None else project.apt_snapshot
         if (setting is None) != (locked.apt_snapshot is None) or \

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from envbuild.commands.options import VERBOSITY, progress, warn
 
 if TYPE_CHECKING:
+    from envbuild.pylock.sourceonly import HeldBack
     from envbuild.render.lock import Lock
     from envbuild.render.lockset import LockSet
 
@@ -80,9 +81,10 @@ def on_disk(path: Path, names: Mapping[str, bytes]) -> dict[str, bytes | None]:
     return found
 
 
-def lock_json(path: Path, lockset: LockSet, before: Mapping[str, bytes | None]) -> str:
-    """The --json document: each target, each file written with its sha256, and whether any
-    file's bytes differ from what was there before."""
+def lock_json(path: Path, lockset: LockSet, before: Mapping[str, bytes | None],
+              held: Mapping[str, tuple[HeldBack, ...]]) -> str:
+    """The --json document: each target (with the packages wheels-only resolution held back),
+    each file written with its sha256, and whether any file's bytes differ from what was there before."""
     import hashlib
     import json
 
@@ -92,14 +94,16 @@ def lock_json(path: Path, lockset: LockSet, before: Mapping[str, bytes | None]) 
                for name, data in sorted(files.items())]
     return json.dumps({"schema": SCHEMA, "output": str(path),
                        "changed": any(f["changed"] for f in written),
-                       "targets": [_target(name, lock) for name, lock in sorted(lockset.targets.items())],
+                       "targets": [_target(name, lock, held.get(name, ()))
+                                   for name, lock in sorted(lockset.targets.items())],
                        "files": written, "flags": list(lockset.flags)}, indent=2)
 
 
-def _target(name: str, lock: Lock) -> dict[str, object]:
+def _target(name: str, lock: Lock, held: tuple[HeldBack, ...]) -> dict[str, object]:
     s = lock.stack
     return {"name": name, "torch": s.torch, "variant": s.variant, "python": s.python,
             "base_image": lock.base_image.split("@", 1)[0], "base_digest": lock.base_digest,
             "base_pinned": lock.base_digest is not None,
             "distributions": len(lock.packages),
-            "pylock": None if lock.pylock is None else lock.pylock.file}
+            "pylock": None if lock.pylock is None else lock.pylock.file,
+            "sdists": list(lock.sdists), "held_back": [h.to_json() for h in held]}

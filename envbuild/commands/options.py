@@ -228,8 +228,10 @@ def resolve_stacks(args: argparse.Namespace, env: Mapping[str, str],
     return request, resolution
 
 
-def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix) -> Lock:
-    """The lock of the best stack the selectors and image options allow."""
+def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, *,
+                 gpu_archs: bool = False) -> Lock:
+    """The lock of the best stack the selectors and image options allow; ``gpu_archs``: record
+    the target GPUs' architectures, which the extensions stage compiles for (``lock``)."""
     from envbuild.render.docker import lock_for, wheel_index
 
     options = render_options(args)
@@ -237,4 +239,8 @@ def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
     stack = resolution.stacks[0]
     options = replace(options, index_url=wheel_index(stack, options.index_url,
                                                      request.package_index))
-    return lock_for(stack, matrix, options)
+    lock = lock_for(stack, matrix, options)
+    if not gpu_archs or stack.cuda is None:
+        return lock
+    archs = sorted({"sm_" + g.compute_capability.replace(".", "") for g in request.gpus})
+    return replace(lock, gpu_archs=tuple(archs))

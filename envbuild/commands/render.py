@@ -83,7 +83,8 @@ def warn_duplicate_cuda(lock: Lock) -> None:
 
 
 def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
-                   buildkit: bool = False, base_os: str | None = None) -> tuple[Lock, dict[str, FileData]]:
+                   buildkit: bool = False, base_os: str | None = None,
+                   offline_steps: bool = False) -> tuple[Lock, dict[str, FileData]]:
     """The lock (read or resolved) and the build context's files, for render docker and build;
     ``buildkit``: in BuildKit syntax (build --builder buildx|buildah); ``base_os``: what the
     build read from a --base-image (its labels name it)."""
@@ -94,7 +95,8 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     from envbuild.render.lockset import read_lockset
 
     matrix = load_matrix(args, env)
-    options = replace(render_options(args, env), buildkit=buildkit, base_os=base_os)
+    options = replace(render_options(args, env), buildkit=buildkit, base_os=base_os,
+                      offline_steps=offline_steps)
     if not args.lock:
         if args.target:
             raise UsageError("--target selects a target of --lock FILE")

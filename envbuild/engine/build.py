@@ -178,6 +178,18 @@ def _step_failure(message: str, step: tuple[int, int, str] | None,
     return BuildFailed(f"{where} failed: {message}", details=log, hint=log_hint(log))
 
 
+# What a step's log says when TLS verification failed: Python's ssl (pip, uv's Python builds),
+# OpenSSL's own words (curl, apt over https), rustls (uv).
+_TLS_FAILURES = ("certificate_verify_failed", "certificate verify failed", "self-signed certificate in "
+                 "certificate chain", "self signed certificate in certificate chain",
+                 "unable to get local issuer certificate", "invalid peer certificate: unknownissuer")
+
+
+def tls_failure(error: BuildFailed) -> bool:
+    """Whether a failed build's message or log tail shows a failed TLS verification."""
+    return any(marker in line.lower() for line in (error.message, *error.details) for marker in _TLS_FAILURES)
+
+
 def log_hint(log: tuple[str, ...]) -> str:
     """The hint of a failed step: it promises log lines only when some follow."""
     if log:

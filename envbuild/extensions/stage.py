@@ -24,6 +24,7 @@ from envbuild.extensions.tree import Extension, context_dir, source_tree, tree_s
 CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
 STAGE = "envbuild-extensions"
 SOURCES = "/tmp/envbuild-ext"  # where the stage builds them
+CUDA_HOME = "/usr/local/cuda"  # the toolkit in NVIDIA's devel images (nvcc in its bin/)
 # What building a torch.utils.cpp_extension needs beyond the venv: a C++ compiler; the Python
 # headers too unless the standalone CPython (which carries its own) is the interpreter.
 BUILD_APT = ("g++",)
@@ -68,12 +69,28 @@ def build_keys(extensions: Sequence[Extension], sdists: Mapping[str, str], *, to
             for name, sha in sorted(sources.items())]
 
 
+def check_toolchain(extensions: Sequence[Extension], *, cuda: str | None, flavor: str) -> None:
+    """A CUDA extension on a CUDA stack needs nvcc, which only the devel flavour's base has: a
+    runtime base would build its C++ part alone (or fail), so it is refused before any build."""
+    needing = [e.name for e in extensions if e.cuda]
+    if cuda is not None and needing and flavor != "devel":
+        raise UsageError(f"extension {', '.join(needing)} has CUDA sources (.cu), but the image's flavor is "
+                         f"{flavor}: its base has no nvcc to compile them",
+                         hint='set flavor = "devel" in the project (or lock --flavor devel)')
+
+
 def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_list: Sequence[str],
-                  standalone: bool, sdists: bool = False, recorded: bool = False) -> dict[str, Any]:
+                  standalone: bool, sdists: bool = False, recorded: bool = False,
+                  build_env: Sequence[tuple[str, str]] = (), offline_steps: bool = False) -> dict[str, Any]:
     """The template's values: the stage's name, each source directory (shell-quoted), whether
     sdists are built (requirements/sdists.txt) and recorded wheels checked
-    (requirements/built.sha256), the apt packages building needs, and the arch list."""
+    (requirements/built.sha256), the apt packages building needs, the arch list, CUDA's home
+    (a CUDA stack: the devel base's toolkit), the project's build-env (shell-quoted values) and
+    whether the compiling steps run with no network (``RUN --network=none``: docker buildx)."""
     return {
+        "extension_cuda_home": CUDA_HOME if cuda is not None else None,
+        "extension_build_env": [(key, shlex.quote(value)) for key, value in sorted(build_env)],
+        "extension_offline": offline_steps,
         "extension_stage": STAGE if extensions or sdists else None,
         "extension_sdists": sdists,
         "extension_recorded": recorded,

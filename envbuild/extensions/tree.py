@@ -30,6 +30,7 @@ MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 32  # directories below the extension's own (a source tree needs a handful)
 MAX_ENTRIES = 20_000  # directory entries looked at, empty directories and passed-over ones too
 MARKERS = ("pyproject.toml", "setup.py")
+CUDA_SOURCES = (".cu", ".cuh")
 # A declared directory: relative, '/'-separated, no '.' or '..' part, nothing a shell or a
 # Dockerfile reads as syntax.
 DIR_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*"
@@ -50,9 +51,15 @@ class Extension:
     dir: str
     name: str
     sha256: str
+    # Its tree holds CUDA sources (.cu, .cuh): on a CUDA stack its build must compile device code,
+    # which the image's smoke test reads back from its shared objects (envbuild/smoke/devicecode.py).
+    cuda: bool = False
 
-    def to_json(self) -> dict[str, str]:
-        return {"dir": self.dir, "name": self.name, "sha256": self.sha256}
+    def to_json(self) -> dict[str, object]:
+        found: dict[str, object] = {"dir": self.dir, "name": self.name, "sha256": self.sha256}
+        if self.cuda:  # absent when false, so locks written before it read the same
+            found["cuda"] = True
+        return found
 
 
 def check_dir(text: str, what: str) -> str:
@@ -148,26 +155,63 @@ def tree_sha256(files: dict[str, bytes]) -> str:
 
 
 def distribution_name(files: dict[str, bytes], directory: str) -> str:
-    """The canonical name of the distribution the directory builds: its pyproject's
-    ``[project] name``, else (setup.py only) the directory's own name."""
+    """The canonical name of the distribution the directory builds, as its build would name it:
+    the pyproject's ``[project] name``, else setup.cfg's ``[metadata] name``, else the string
+    literal ``setup(name="…")`` passes in setup.py (read with ``ast``, never run), else the
+    directory's own name. The build installs that distribution, so the lock must record it."""
     from packaging.utils import canonicalize_name
 
-    name = None
-    if "pyproject.toml" in files:
-        from envbuild.project.toml import parse
+    for found in (_pyproject_name(files), _setup_cfg_name(files), _setup_py_name(files)):
+        if isinstance(found, str) and _PROJECT_NAME_RE.fullmatch(found):
+            return str(canonicalize_name(found))
+    return str(canonicalize_name(directory.rsplit("/", 1)[-1]))
 
-        try:
-            table = parse(files["pyproject.toml"].decode("utf-8"), "pyproject.toml").get("project")
-        except (UnicodeDecodeError, UsageError):
-            table = None
-        name = table.get("name") if isinstance(table, dict) else None
-    if not isinstance(name, str) or not _PROJECT_NAME_RE.fullmatch(name):
-        name = directory.rsplit("/", 1)[-1]
-    return str(canonicalize_name(name))
+
+def _pyproject_name(files: dict[str, bytes]) -> object:
+    if "pyproject.toml" not in files:
+        return None
+    from envbuild.project.toml import parse
+
+    try:
+        table = parse(files["pyproject.toml"].decode("utf-8"), "pyproject.toml").get("project")
+    except (UnicodeDecodeError, UsageError):
+        return None
+    return table.get("name") if isinstance(table, dict) else None
+
+
+def _setup_cfg_name(files: dict[str, bytes]) -> object:
+    if "setup.cfg" not in files:
+        return None
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(files["setup.cfg"].decode("utf-8"))
+    except (UnicodeDecodeError, configparser.Error):
+        return None
+    return parser.get("metadata", "name", fallback=None)
+
+
+def _setup_py_name(files: dict[str, bytes]) -> object:
+    """``name=`` of the one ``setup(…)``/``setuptools.setup(…)`` call, when a string literal."""
+    if "setup.py" not in files:
+        return None
+    import ast
+
+    try:
+        tree = ast.parse(files["setup.py"].decode("utf-8"))
+    except (UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    names = {keyword.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and (getattr(node.func, "id", None) == "setup" or getattr(node.func, "attr", None) == "setup")
+             for keyword in node.keywords if keyword.arg == "name"
+             and isinstance(keyword.value, ast.Constant) and isinstance(keyword.value.value, str)}
+    return names.pop() if len(names) == 1 else None
 
 
 def extension(root: Path, directory: str, what: str) -> Extension:
     """The lock's record of the extension in ``root / directory``."""
     files = source_tree(root, check_dir(directory, what), what)
     named = directory if directory != PROJECT_DIR else Path(os.path.realpath(root)).name  # "." names nothing
-    return Extension(dir=directory, name=distribution_name(files, named), sha256=tree_sha256(files))
+    return Extension(dir=directory, name=distribution_name(files, named), sha256=tree_sha256(files),
+                     cuda=any(name.endswith(CUDA_SOURCES) for name in files))

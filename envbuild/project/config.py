@@ -35,9 +35,9 @@ FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
 TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS)
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
-IMAGE_KEYS = ("extensions", "build-sdists", "apt-packages", "compile-toolchain", "env", "user", "base-image",
-              "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer", "exclude-newer",
-              "apt-snapshot")
+IMAGE_KEYS = ("extensions", "build-sdists", "build-env", "apt-packages", "compile-toolchain", "env", "user",
+              "base-image", "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer",
+              "exclude-newer", "apt-snapshot")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS,
             *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
@@ -401,15 +401,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     gathered = _dependencies(reader, table, document if is_pyproject else None, root, cwd, sources)
     local = reqs.local_packages(gathered, root, lambda p: shown_path(p, cwd))
     dependencies, torch_constraints = gathered.split()
-    env = reader.string_table("env")
-    env_pairs = []
-    for key, value in env.items():
-        try:
-            from envbuild.render.values import check_env
-
-            env_pairs.append(check_env(key, value, "env"))  # the key alone: "A=x y" is no key
-        except UsageError as exc:
-            raise reader.fail(["env", key], exc.message, exc.hint) from None
+    env_pairs = _env_table(reader, "env")
+    build_env = _env_table(reader, "build-env")  # the extensions stage's only, never the image's
     mirrors = reader.string_table("registry-mirrors")
     for host, url in mirrors.items():
         try:
@@ -425,7 +418,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     extensions = _extensions(reader, table, root)
     extensions += tuple(e for e in local if all(e.dir != d.dir for d in extensions))
     _distinct_names(extensions)
-    build_sdists = _build_sdists(reader, table, dependencies)
+    build_sdists, all_sdists = _build_sdists(reader, table)
     installer = reader.string(table, "installer", [])
     if installer is not None and installer not in INSTALLER_CHOICES:
         raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
@@ -446,7 +439,8 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         base_image=reader.string(table, "base-image", []),
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
-        find_links=find_links, extensions=extensions, build_sdists=build_sdists,
+        find_links=find_links, extensions=extensions, build_sdists=build_sdists, all_sdists=all_sdists,
+        build_env=tuple(sorted(build_env)),
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         exclude_newer=reader.string(table, "exclude-newer", []),
         apt_snapshot=reader.string(table, "apt-snapshot", []),
@@ -607,22 +601,33 @@ def _distinct_names(extensions: Sequence[Extension]) -> None:
         seen[e.name] = e.dir
 
 
-def _build_sdists(reader: _Reader, table: Mapping[str, Any], dependencies: Sequence[str]) -> tuple[str, ...]:
-    """``build-sdists``: requirements of ``dependencies`` locked by their sdist and built against
-    the locked torch (envbuild/extensions/sdists.py), as canonical names."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
+def _env_table(reader: _Reader, key: str) -> list[tuple[str, str]]:
+    """A table of environment variables (``env``, ``build-env``), each checked as ``--env`` is
+    (docs/env.md: no credentials, nothing an output cannot carry)."""
+    from envbuild.render.values import check_env
 
+    pairs = []
+    for name, value in reader.string_table(key).items():
+        try:
+            pairs.append(check_env(name, value, key))  # the key alone: "A=x y" is no key
+        except UsageError as exc:
+            raise reader.fail([key, name], exc.message, exc.hint) from None
+    return pairs
+
+
+def _build_sdists(reader: _Reader, table: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """``build-sdists``: (the packages of the closure locked by their sdist and built against the
+    locked torch, as canonical names; whether ``true`` asks for every package only an sdist
+    provides). A name may be an indirect requirement: ``lock`` checks that the closure holds it
+    (envbuild/extensions/sdists.py)."""
     from envbuild.extensions.sdists import check_names
 
+    if table.get("build-sdists") is True:
+        return (), True
+    if table.get("build-sdists") is False:
+        return (), False
     names = reader.strings(table, "build-sdists", [])
     try:
-        found = check_names(names, "build-sdists")
+        return check_names(names, "build-sdists"), False
     except UsageError as exc:
         raise reader.fail(["build-sdists"], exc.message, exc.hint) from None
-    required = {canonicalize_name(Requirement(d).name) for d in dependencies}
-    for i, name in enumerate(names):
-        if canonicalize_name(name) not in required:
-            raise reader.fail(["build-sdists", i], f"{quoted(name)} is not a requirement of the project",
-                              "add it to dependencies (with its version) and name it here")
-    return found

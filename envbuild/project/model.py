@@ -59,6 +59,8 @@ class Project:
     registry_mirrors: Mapping[str, str] = field(default_factory=dict, hash=False)
     extensions: tuple[Extension, ...] = ()  # built against the locked torch, in the image build
     build_sdists: tuple[str, ...] = ()  # canonical names locked by their sdist and built beside them
+    all_sdists: bool = False  # build-sdists = true: every package only an sdist provides
+    build_env: tuple[tuple[str, str], ...] = ()  # set in the extensions stage only (MAX_JOBS, …)
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     exclude_newer: str | None = None  # the cut-off as given: a timestamp or "30 days" (pylock/cutoff.py)
     apt_snapshot: str | None = None  # "YYYYMMDDTHHMMSSZ" or "auto" (render/aptsnapshot.py)

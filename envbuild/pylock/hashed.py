@@ -19,11 +19,11 @@ from envbuild.pylock.install import best_wheel, supported_tags
 Hashed = tuple[str, str, frozenset[str]]  # (canonical name, FILE:LINE, sha256s allowed)
 
 
-def check_hashed(pylock: Pylock, hashed: Iterable[Hashed], *, python: str, glibc: str,
+def check_hashed(pylock: Pylock, hashed: Iterable[Hashed], *, python: str, glibc: str, arch: str,
                  sdists: Iterable[str] = ()) -> None:
     """DataError (4) for the first hashed requirement whose locked file is not among its
     hashes; a requirement the target does not install (a marker left it out) is passed over."""
-    tags = supported_tags(python, glibc)
+    tags = supported_tags(python, glibc, arch)
     versions = pylock.versions()
     from_sdist = set(sdists)
     for name, where, allowed in hashed:

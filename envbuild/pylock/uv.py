@@ -54,10 +54,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
+from envbuild.pylock import sourceonly
 from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
+from envbuild.pylock.sourceonly import HeldBack
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
@@ -104,6 +106,9 @@ class ClosureSpec:
     # The cut-off (exclude-newer), an RFC 3339 UTC instant: no file uploaded after it
     # (envbuild/pylock/cutoff.py). None: none.
     exclude_newer: str | None = None
+    # build-sdists = true: wheels where the chosen release has one for the platform, its sdist
+    # where it has none (no --only-binary :all:); those packages are the closure's ``sdists``.
+    all_sdists: bool = False
     timeout: float = 300.0
     env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
@@ -124,6 +129,11 @@ class Closure:
     packages: dict[str, str]  # canonical name -> version, every distribution of the pylock
     torch_layer: frozenset[str]  # canonical names: the pinned packages and their closure
     installer: InstallerWheel | None = None
+    sdists: tuple[str, ...] = ()  # canonical names locked by their sdist alone (build-sdists)
+    # Packages locked older than the newest the requirements allow, an sdist-only release
+    # being the reason (envbuild/pylock/sourceonly.py); and why that check could not be made.
+    held_back: tuple[HeldBack, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def uv_version(uv: str) -> str:
@@ -214,9 +224,11 @@ def platform_glibc(glibc: str) -> str:
     return glibc if glibc_minor(glibc) <= glibc_minor(NEWEST_MANYLINUX) else NEWEST_MANYLINUX
 
 
-def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool) -> list[str]:
+def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, hashes: bool,
+             annotate: bool = False) -> list[str]:
     command = [uv, "pip", "compile", "pyproject.toml", "--no-config", "--quiet", "--color", "never",
-               "--no-header", "--no-annotate", "--only-binary", ":all:",
+               "--no-header", *(() if annotate else ("--no-annotate",)),
+               *(() if spec.all_sdists else ("--only-binary", ":all:")),
                "--python-platform", platform_tag(spec.glibc, spec.arch),
                "--python-version", f"3.{python_minor(spec.python)}",
                # The interpreter running envbuild, whatever its version: uv builds nothing
@@ -248,8 +260,10 @@ class _Uv:
     def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> None:
         _run(command, cwd, self.env, self.deadline, self.spec, started)
 
-    def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None) -> list[str]:
-        return _command(self.uv, spec or self.spec, self.default_index, output, hashes=hashes)
+    def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None,
+                annotate: bool = False) -> list[str]:
+        return _command(self.uv, spec or self.spec, self.default_index, output, hashes=hashes,
+                        annotate=annotate)
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 1.0)
@@ -284,9 +298,15 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         # reading the index at once stalled one of them by ~5 s in 6 of 12 locks here.
         cached = None if spec.installer is None or spec.offline else \
             side.submit(_installer_run, run, work / "installer-cached", offline=True)
-        text = _closure_run(run, work, started)
+        try:
+            text = _closure_run(run, work, started)
+        except NoCompatibleStack as exc:
+            raise _every_sdist_only(run, work, exc) from None
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         pylock = read_pylock(text)
+        # The survey (a run allowing sdists) reads the index: on the side thread after the
+        # installer's, beside the hash check and the torch layer's run from uv's cache.
+        survey = side.submit(_sdists_and_held_back, run, work, pylock)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
@@ -295,7 +315,107 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         _check_pins_cutoff(spec, pylock)
         layer = _torch_layer(run, pylock.versions(), work)
         wheel = None if installer is None else installer.result()
-    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel)
+        sdists, held, notes = survey.result()
+    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel,
+                   sdists=sdists, held_back=held, notes=notes)
+
+
+def _sdists_and_held_back(run: _Uv, work: Path,
+                          pylock: Pylock) -> tuple[tuple[str, ...], tuple[HeldBack, ...], tuple[str, ...]]:
+    """(the packages locked by their sdist alone, the packages held back, notes). With
+    ``all_sdists`` uv already took the newest release of everything, an sdist where there is
+    no wheel: nothing is held back. Otherwise the survey (sdists allowed) says what wheels-only
+    resolution held back; a survey that fails is a note, never a failed lock."""
+    spec = run.spec
+    if spec.all_sdists:
+        return tuple(s.name for s in sourceonly.sdist_only(pylock, {})), (), ()
+    versions = pylock.versions()
+    missing = sorted(set(spec.no_binary) - set(versions))
+    if missing:
+        raise UsageError(f"build-sdists names {', '.join(missing)}, which the locked closure does not hold",
+                         hint="name packages of the closure only (or build-sdists = true)")
+    kept = _kept_pins(spec)
+    try:
+        survey, annotated = _survey(
+            run, work, annotate=lambda found: bool(sourceonly.held_back(versions, found, {}, kept)))
+    except TooSlow:
+        raise
+    except EnvbuildError as exc:
+        return spec.no_binary, (), (f"whether wheels-only resolution held a package back was not "
+                                    f"checked: the run allowing sdists failed ({_shortened(exc.message)})",)
+    # Offline, uv passes over a release whose metadata its cache lacks: a held-back package may go unseen.
+    notes = ("--offline: what wheels-only resolution held back was checked against uv's cache only, "
+             "which may lack a newer sdist",) if spec.offline else ()
+    return spec.no_binary, tuple(sourceonly.held_back(versions, survey, annotated, kept)), notes
+
+
+def _kept_pins(spec: ClosureSpec) -> dict[str, str]:
+    """The previous pylock's pins uv was asked to keep: none with --upgrade, none of --upgrade-package's."""
+    if spec.previous is None or spec.upgrade:
+        return {}
+    upgraded = {canonicalize_name(n) for n in spec.upgrade_packages}
+    return {n: v for n, v in read_pylock(spec.previous).versions().items() if n not in upgraded}
+
+
+def _shortened(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack) -> EnvbuildError:
+    """A wheels-only run that stopped at a package with no usable wheel (uv names one per run):
+    every package only an sdist provides, each with where it comes from, from one survey."""
+    if not _NO_WHEELS.search(failure.message):
+        return failure
+    try:
+        survey, annotated = _survey(run, work)
+    except EnvbuildError:
+        return failure
+    found = [s for s in sourceonly.sdist_only(survey, annotated) if s.name not in run.spec.no_binary]
+    if not found:
+        return failure
+    platform = platform_tag(run.spec.glibc)
+    return NoCompatibleStack(
+        f"{len(found)} requirement{'s' if len(found) != 1 else ''} of the closure "
+        f"{'have' if len(found) != 1 else 'has'} no wheel for {platform}, only an sdist: "
+        + "; ".join(s.shown() for s in found),
+        conflicts=tuple(s.name for s in found), hint=sourceonly.names_hint(found, run.spec.no_binary))
+
+
+def _survey(run: _Uv, work: Path, annotate: Callable[[Pylock], bool] = lambda _: True
+            ) -> tuple[Pylock, dict[str, tuple[str, tuple[str, ...]]]]:
+    """uv's closure of the same project with sdists allowed (no previous pin kept), and
+    its annotated requirements (who requires whom; only when ``annotate`` says the closure needs
+    them). The closure run asks the index (unless the
+    lock is offline): asked of uv's cache alone, uv passes over a newer sdist whose metadata the
+    cache lacks and answers with the older release, silently (measured: rouge-score 0.0.4, not
+    0.1.2). The second run, held to that closure's versions, asks the cache first."""
+    survey = work / "survey"
+    survey.mkdir(exist_ok=True)
+    (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    spec = replace(run.spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
+    run.run(run.command(OUTPUT, hashes=True, spec=spec), survey)
+    pylock = read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
+    if not annotate(pylock):  # nothing to say where it comes from: no second run
+        return pylock, {}
+    (survey / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
+                                     encoding="utf-8")
+    command = [*run.command("via.txt", hashes=False, spec=replace(spec, offline=True), annotate=True),
+               "--constraints", "held.txt"]
+    _cache_first(run, survey, spec, command)
+    return pylock, sourceonly.parse_annotated((survey / "via.txt").read_text(encoding="utf-8"), PROJECT_NAME)
+
+
+def _cache_first(run: _Uv, cwd: Path, spec: ClosureSpec, command: list[str]) -> None:
+    """``command`` (made ``--offline``) from uv's cache; where it cannot answer and the lock is
+    not offline, again with the network."""
+    try:
+        run.run(command, cwd)
+    except TooSlow:
+        raise
+    except EnvbuildError:
+        if spec.offline:
+            raise
+        run.run([c for c in command if c != "--offline"], cwd)
 
 
 def _index_pages(spec: ClosureSpec, default_index: str,

@@ -57,7 +57,7 @@ def build_keys(lock: Lock) -> list[BuildKey]:
     pylock = read_pylock(lock.pylock.text)
     return stage_keys(lock.extensions, {n: sdist_sha256(pylock, n) for n in lock.sdists},
                       torch=lock.packages.get("torch", ""), cuda=lock.stack.cuda,
-                      arch_list=lock.stack.arch_list, python=lock.stack.python)
+                      arch_list=lock.gpu_archs or lock.stack.arch_list, python=lock.stack.python)
 
 
 def recorded_sums(lock: Lock, lock_dir: Path | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from envbuild.confine import WHEEL_NAME, confined, quoted, read_regular
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
-from envbuild.extensions.stage import context_files, stage_context
+from envbuild.extensions.stage import check_toolchain, context_files, stage_context
 from envbuild.fs import FileData
 from envbuild.render.aptsnapshot import holds
 from envbuild.render.lock import Lock, Standalone, make_lock
@@ -72,6 +72,9 @@ class RenderOptions:
     extension_root: Path | None = None
     # The stage checks its wheels against envbuild.built.json's record (build --accept-rebuilt: not).
     check_recorded: bool = True
+    # The extensions' compiling steps run with no network (RUN --network=none): docker buildx
+    # only, as buildah 1.28 takes no RUN flag but --mount and the classic builder none at all.
+    offline_steps: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,8 +319,10 @@ def labels(lock: Lock, provenance: Provenance | None = None,
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             peaks: bool = False, project_requirements: bool = False,
             provenance: Provenance | None = None, buildkit: bool = False,
-            found_os: str | None = None, recorded: bool = False) -> dict[str, Any]:
+            found_os: str | None = None, recorded: bool = False,
+            offline_steps: bool = False) -> dict[str, Any]:
     s = lock.stack
+    check_toolchain(lock.extensions, cuda=s.cuda, flavor=lock.flavor)
     standalone = lock.python_standalone
     index_url = lock.index_url
     if wheelhouse and index_url == s.index_url and \
@@ -372,8 +377,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         "installer": None if lock.pylock is None or lock.pylock.installer is None
         else lock.pylock.installer.name,
         "installer_file": INSTALLER_FILE,
-        **stage_context(lock.extensions, cuda=s.cuda, arch_list=s.arch_list,
-                        standalone=standalone is not None, sdists=bool(lock.sdists), recorded=recorded),
+        **stage_context(lock.extensions, cuda=s.cuda, arch_list=lock.gpu_archs or s.arch_list,
+                        standalone=standalone is not None, sdists=bool(lock.sdists), recorded=recorded,
+                        build_env=lock.build_env, offline_steps=offline_steps),
     }
 
 
@@ -415,7 +421,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
                 provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os,
-                recorded=f"requirements/{RECORDED_SUMS}" in files))
+                recorded=f"requirements/{RECORDED_SUMS}" in files, offline_steps=options.offline_steps))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()

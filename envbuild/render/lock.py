@@ -48,12 +48,18 @@ Format (schema 1, JSON object, keys sorted):
                     gpus-per-node, runs-on, slurm, kubernetes; ``envbuild/fleet/placement.py``).
                     Absent: no fleet keys (locks written before them read the same)
   extensions        optional: [{"dir": relative to the lock, "name": canonical, "sha256": of its
-                    source tree}], built against the locked torch in the image build
-                    (``envbuild/extensions``); built wheels' sha256: envbuild.built.json beside it
+                    source tree, "cuda": true when it holds .cu/.cuh sources (absent: none)}],
+                    built against the locked torch in the image build (``envbuild/extensions``);
+                    built wheels' sha256: envbuild.built.json beside it
   sdists            optional: [canonical names], packages of the closure locked by their sdist
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
   apt_snapshot      optional: "YYYYMMDDTHHMMSSZ", the time of the distribution's apt archive the
                     apt steps read (apt-snapshot; render/aptsnapshot.py). Absent: the live archive
+  build_env         optional: [[KEY, VALUE]], the project's build-env, set in the extensions
+                    stage only (checked as env is); absent: none
+  gpu_archs         optional: ["sm_80", …], the target GPUs' architectures (``lock`` with GPUs named,
+                    a CUDA stack): TORCH_CUDA_ARCH_LIST of the extensions stage, and what the
+                    smoke test wants their device code for; absent: the stack's arch list
 
 A lock file holds one such object per target inside a lock set (``render/lockset.py``,
 schema 2); a schema-1 file is one stack-only object at the top level.
@@ -212,6 +218,8 @@ class Lock:
     # apt-snapshot (issue 41): the distribution archive's time the apt steps read, YYYYMMDDTHHMMSSZ
     # (render/aptsnapshot.py); None: the live archive.
     apt_snapshot: str | None = None
+    build_env: tuple[tuple[str, str], ...] = ()  # the extensions stage's variables (build-env)
+    gpu_archs: tuple[str, ...] = ()  # the target GPUs' sm_XY: what extensions are compiled for
 
     def to_json(self) -> str:
         return json.dumps(self.to_mapping(), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -252,6 +260,10 @@ class Lock:
             data["sdists"] = list(self.sdists)
         if self.apt_snapshot is not None:  # absent when none, as sdists
             data["apt_snapshot"] = self.apt_snapshot
+        if self.build_env:  # absent when none, as extensions
+            data["build_env"] = [[k, v] for k, v in self.build_env]
+        if self.gpu_archs:  # absent when no GPU was named (or a CPU stack)
+            data["gpu_archs"] = list(self.gpu_archs)
         return data
 
 
@@ -463,6 +475,8 @@ def check_lock(lock: Lock) -> None:
     _match(_UBUNTU_RE, s.ubuntu, "ubuntu")
     for arch in s.arch_list:
         _match(is_arch, arch, "arch_list")
+    for arch in lock.gpu_archs:
+        _match(lambda a: is_arch(a) and a.startswith("sm_") and "+" not in a, arch, "gpu_archs")
     if lock.flavor not in ("runtime", "devel") or s.flavor != lock.flavor:
         raise UsageError(f"invalid flavor {quoted(lock.flavor)} in the lock")
     if s.compat not in (None, "native", "minor-version", "forward"):
@@ -504,7 +518,7 @@ def check_lock(lock: Lock) -> None:
         if re.sub(r"[-_.]+", "-", pip.split("==")[0]).lower() in pinned:
             raise UsageError(f"--pip-package {quoted(pip)} would override the lock's own pin",
                              hint="the stack pins it already; drop the --pip-package")
-    for key, value in lock.env:
+    for key, value in (*lock.env, *lock.build_env):
         # The pair as --env KEY=VALUE would split it: a key holding '=' ("A=x y") would have
         # passed as key A and rendered a second ENV pair.
         if check_env_pair(f"{key}={value}", "--env") != (key, value):
@@ -627,7 +641,8 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists", "apt_snapshot"})
+                            "compile_toolchain", "extensions", "sdists", "apt_snapshot", "build_env",
+                            "gpu_archs"})
 
 
 def _stack_json(stack: Stack) -> dict[str, Any]:
@@ -706,7 +721,15 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
         apt_snapshot=_optional_str(data.get("apt_snapshot"), "apt_snapshot"),
+        build_env=tuple(_env_pairs(data.get("build_env", []), "build_env")),
+        gpu_archs=tuple(_strings(data.get("gpu_archs", []), "gpu_archs")),
     )
+
+
+def _env_pairs(raw: Any, field: str) -> list[tuple[str, str]]:
+    if not isinstance(raw, list) or any(not isinstance(p, list) or len(p) != 2 for p in raw):
+        raise UsageError(f"lock {field!r} must be a list of [KEY, VALUE] pairs")
+    return [(_str(k, f"{field} key"), _str(v, f"{field} value")) for k, v in raw]
 
 
 def _list(value: Any, field: str) -> list[Any]:
@@ -715,11 +738,16 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
+_EXTENSION_KEYS = frozenset({"dir", "name", "sha256"})
+
+
 def _extension(raw: Any) -> Extension:
-    if not isinstance(raw, dict) or set(raw) != {"dir", "name", "sha256"}:
-        raise UsageError("lock 'extensions' entries need dir, name and sha256, nothing else")
+    if not isinstance(raw, dict) or not _EXTENSION_KEYS <= set(raw) <= {*_EXTENSION_KEYS, "cuda"} \
+            or raw.get("cuda", True) is not True:
+        raise UsageError("lock 'extensions' entries need dir, name and sha256 (cuda: true optional), "
+                         "nothing else")
     return Extension(dir=_str(raw["dir"], "extension dir"), name=_str(raw["name"], "extension name"),
-                     sha256=_str(raw["sha256"], "extension sha256"))
+                     sha256=_str(raw["sha256"], "extension sha256"), cuda="cuda" in raw)
 
 
 def _pylock(raw: Any) -> PylockRef:

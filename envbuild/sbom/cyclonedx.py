@@ -45,7 +45,7 @@ def _installed_file(package: PylockPackage, lock: Lock) -> PylockFile | None:
     assert lock.pylock is not None
     if package.name in lock.sdists and package.sdist is not None:
         return package.sdist
-    chosen = best_wheel(package, supported_tags(lock.stack.python, lock.pylock.glibc))
+    chosen = best_wheel(package, supported_tags(lock.stack.python, lock.pylock.glibc, lock.pylock.arch))
     return chosen or package.sdist or (package.wheels[0] if package.wheels else None)
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
+from .devicecode import device_code_problems
 from .lockfile import BOOTSTRAP, canonical_name, diff_installed
 
 DEBIAN_WHEELS = "/usr/share/python-wheels"  # Debian's python3-venv seeds venvs from here
@@ -112,7 +113,9 @@ def compare_installed(
     missing = ["%s: an extension of the lock, not installed" % name
                for name in sorted(extensions - set(installed))]
     rest = {name: version for name, version in installed.items() if name not in extensions}
-    return problems + missing + diff_installed(lock.get("packages") or {}, rest, bootstrap=bootstrap)
+    # A CUDA extension must hold device code for the stack's GPUs (built with FORCE_CUDA=1 and nvcc).
+    device = device_code_problems(lock, paths)
+    return problems + missing + device + diff_installed(lock.get("packages") or {}, rest, bootstrap=bootstrap)
 
 
 def extension_names(lock: Mapping[str, Any]) -> Set[str]:
