@@ -390,12 +390,21 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {platform_tag(spec.glibc)} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
+    from envbuild.pylock.files import read_pylock
+
+    pylock = read_pylock(closure.pylock_text)
     if project is not None and project.hashes:
-        from envbuild.pylock.files import read_pylock
         from envbuild.pylock.hashed import check_hashed
 
-        check_hashed(read_pylock(closure.pylock_text), project.hashes, python=spec.python,
+        check_hashed(pylock, project.hashes, python=spec.python,
                      glibc=spec.glibc, sdists=project.build_sdists)
+    for package in pylock.packages:
+        vcs = package.vcs
+        if vcs is not None and vcs.requested is None:  # locked at what the default branch is now
+            steps.warn([f"{package.name}: its git requirement names no revision: locked at commit "
+                        f"{vcs.commit}, where the repository's default branch points now"])
+        elif vcs is not None:
+            steps.step(f"{package.name}: git revision {vcs.requested!r} locked at commit {vcs.commit}")
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -404,9 +413,11 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=closure_inputs(spec))
+    # git sources and source archives by URL are built in the image, as build-sdists' sdists are
+    built = {p.name for p in pylock.packages if p.built}
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
-                     sdists=() if project is None else project.build_sdists)
+                     sdists=tuple(sorted(built | set(() if project is None else project.build_sdists))))
     check_lock(locked)
     return locked
 

@@ -121,7 +121,9 @@ def _cuda_build(local: str) -> str | None:
 
 def direct_wheels(requirements: Iterable[str]) -> list[DirectWheel]:
     """The direct-URL wheels among ``requirements`` (already checked where they were read)."""
-    return [direct_wheel(r, "dependency") for r in requirements if is_direct(r)]
+    from envbuild.pylock.sources import is_source
+
+    return [direct_wheel(r, "dependency") for r in requirements if is_direct(r) and not is_source(r)]
 
 
 def check_platform(wheels: Iterable[DirectWheel], supported: list[Tag], *, python: str,
