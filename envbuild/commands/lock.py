@@ -422,6 +422,13 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     return locked
 
 
+def _built(pylock_text: str) -> set[str]:
+    """The packages a pylock locks as git sources or source archives by URL (built in the image)."""
+    from envbuild.pylock.files import read_pylock
+
+    return {p.name for p in read_pylock(pylock_text).packages if p.built}
+
+
 def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
           plan: _Plan, lock: Lock, index: Callable[[], str]) -> ClosureSpec:
     """What a target's closure is resolved from, before the previous pins and the installer's
@@ -566,7 +573,7 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
-        if (() if project is None else project.build_sdists) != locked.sdists:
+        if set(() if project is None else project.build_sdists) != set(locked.sdists) - _built(locked.pylock.text):
             found.append("build-sdists changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:
