@@ -76,7 +76,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         yield {"repo": f"{base}/gitthing.git", "first": first, "second": second,
-               "sdist": f"{base}/files/arch-1.0.tar.gz", "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()}
+               "sdist": f"{base}/files/arch-1.0.tar.gz",
+               "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()}
     finally:
         server.shutdown()
         server.server_close()
@@ -191,9 +192,12 @@ def test_envbuild_checks_the_archive_against_the_pin_and_what_uv_recorded() -> N
     check_archive_hashes([unpinned], {"arch": good}, lambda url: good)
 
 
+CREDENTIALS = "the URL of a direct requirement carries credentials"
+
+
 @pytest.mark.parametrize(("line", "problem"), [
-    ("gitthing @ git+https://user:s3cret@127.0.0.1/r.git@v1", "the URL of a direct requirement carries credentials"),
-    ("arch @ https://tok3n@127.0.0.1/arch-1.0.tar.gz", "the URL of a direct requirement carries credentials"),
+    ("gitthing @ git+https://user:s3cret@127.0.0.1/r.git@v1", CREDENTIALS),
+    ("arch @ https://tok3n@127.0.0.1/arch-1.0.tar.gz", CREDENTIALS),
     ("gitthing @ git+https://127.0.0.1/r.git@v1#subdirectory=x", "has a fragment other than #egg=name"),
     ("gitthing @ git+https://127.0.0.1/r.git@--upload-pack=x", "names an unusable revision"),
     ("gitthing @ git+https://127.0.0.1/r.git?x=1", "is not a plain URL"),

@@ -573,7 +573,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         found += _closure_differences(locked, inputs)
         if (() if project is None else project.extensions) != locked.extensions:
             found.append("the extensions or their sources changed")
-        if set(() if project is None else project.build_sdists) != set(locked.sdists) - _built(locked.pylock.text):
+        declared = set(() if project is None else project.build_sdists)
+        if declared != set(locked.sdists) - _built(locked.pylock.text):
             found.append("build-sdists changed")
         reasons.extend(f"target {plan.name}: {r}" for r in found)
     if reasons:

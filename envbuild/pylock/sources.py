@@ -164,7 +164,8 @@ def check_archive_hashes(found: Iterable[ArchiveRequirement], recorded: Mapping[
     one uv recorded (uv takes a ``#sha256=`` as the file's hash without checking it)."""
     for archive in found:
         got = served(archive.url)
-        for what, expected in (("the project pins", archive.sha256), ("uv recorded", recorded.get(archive.name))):
+        pins = (("the project pins", archive.sha256), ("uv recorded", recorded.get(archive.name)))
+        for what, expected in pins:
             if expected is not None and expected != got:
                 raise DataError(f"{token(archive.filename)}: {what} sha256 {expected} but the file served "
                                 f"at its URL has sha256 {got}",

@@ -57,8 +57,8 @@ from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageEr
 from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import IndexPages
-from envbuild.pylock.sources import archives, check_archive_hashes, check_source, is_source
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
+from envbuild.pylock.sources import archives, check_archive_hashes, check_source, is_source
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
