@@ -222,3 +222,26 @@ def test_pips_egg_form_is_read_as_name_at_url(tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("git+https://127.0.0.1/r.git@v1#egg=gitthing\n")
     assert load_project(None, tmp_path).dependencies == (
         "gitthing @ git+https://127.0.0.1/r.git@v1#egg=gitthing",)
+
+
+@pytest.mark.parametrize(("vcs", "says"), [
+    ('{ type = "hg", url = "https://127.0.0.1/r", commit-id = "' + "a" * 40 + '" }', "is not a git source"),
+    ('{ type = "git", url = "https://127.0.0.1/r.git", commit-id = "main" }', "40-hex commit-id"),
+    ('{ type = "git", url = "https://u:s3cret@127.0.0.1/r.git", commit-id = "' + "a" * 40 + '" }',
+     CREDENTIALS),
+    ('{ type = "git", url = "ext::sh -c touch% /tmp/x", commit-id = "' + "a" * 40 + '" }',
+     "is not https or http"),
+])
+def test_a_pylocks_vcs_table_is_checked_before_anything_is_rendered(vcs: str, says: str) -> None:
+    """H58: a pylock from a pull request: its vcs table becomes a git clone in the Dockerfile,
+    so only git, a plain http(s) URL without credentials and a 40-hex commit id are read."""
+    from envbuild.pylock.files import read_pylock
+
+    head = 'lock-version = "1.0"\ncreated-by = "test"\n[[packages]]\nname = "g"\nversion = "1.0"\n'
+    good = read_pylock(head + 'vcs = { type = "git", url = "https://127.0.0.1/r.git", commit-id = "'
+                       + "a" * 40 + '" }\n').package("g")
+    assert good.vcs is not None and good.vcs.commit == "a" * 40 and good.built
+    with pytest.raises(UsageError) as caught:
+        read_pylock(head + f"vcs = {vcs}\n")
+    message = caught.value.one_line()
+    assert "packages[0].vcs" in message and says in message and "s3cret" not in message
