@@ -123,6 +123,13 @@ def test_a_git_source_is_locked_by_commit_and_built_from_a_verified_checkout(
     assert f"checkout --quiet --detach {expected}" in dockerfile
     assert f'test "$(git -C /tmp/envbuild-ext-git/gitthing rev-parse HEAD)" = {expected}' in dockerfile
     assert "--wheel-dir /wheels /tmp/envbuild-ext-git/gitthing" in dockerfile
+    # its built wheel is recorded by a build key whose source is its commit (envbuild.built.json)
+    from envbuild.render.closure import build_keys
+    from envbuild.render.lockset import read_lockset
+
+    (key,) = build_keys(read_lockset(tmp_path / "envbuild.lock").targets["default"])
+    source = hashlib.sha256(f"git:{expected}".encode()).hexdigest()
+    assert (key.name, key.source_sha256) == ("gitthing", source)
     # the image installs its built wheel, never the git URL
     assert "gitthing" not in (tmp_path / "image" / "requirements" / "project.txt").read_text()
     assert not (tmp_path / "image" / "requirements" / "sdists.txt").exists()
@@ -180,7 +187,8 @@ def test_envbuild_checks_the_archive_against_the_pin_and_what_uv_recorded() -> N
     """uv takes a #sha256= as the hash of a file it has cached: envbuild fetches the file itself
     and refuses a pin, or a recorded sha256, that the file served does not have."""
     from envbuild.errors import DataError
-    from envbuild.pylock.sources import archive_requirement, check_archive_hashes
+    from envbuild.pylock.direct import check_hashes as check_archive_hashes
+    from envbuild.pylock.sources import archive_requirement
 
     good, bad = "1" * 64, "2" * 64
     pinned = archive_requirement(f"arch @ https://127.0.0.1/arch-1.0.tar.gz#sha256={bad}", "r.txt:1")

@@ -30,8 +30,8 @@ from packaging.utils import canonicalize_name
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
 from envbuild.extensions.tree import Extension
-from envbuild.pylock.direct import direct_wheel
-from envbuild.pylock.sources import check_source, is_source
+from envbuild.pylock.direct import direct_wheel, is_source
+from envbuild.pylock.sources import check_source
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")

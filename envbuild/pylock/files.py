@@ -24,7 +24,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from envbuild.confine import quoted, token
 from envbuild.errors import UsageError
 from envbuild.project.toml import check_key_parts, tomllib  # the one place that picks tomllib
-from envbuild.pylock.sources import ARCHIVE_SUFFIXES, VcsSource, pylock_vcs
+from envbuild.pylock.direct import ARCHIVE_SUFFIXES
+from envbuild.pylock.sources import VcsSource, pylock_vcs
 
 LOCK_VERSION = "1.0"
 SHA256 = re.compile(r"[0-9a-f]{64}")

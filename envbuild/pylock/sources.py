@@ -13,24 +13,24 @@ recorded like the sdists' (envbuild.built.json).
 Credentials in a URL are refused where the requirement is read, never echoed: a lock, a pylock
 and an image hold none. http is allowed for git (the commit id names the content) and for an
 archive that pins its ``#sha256=``; uv takes that pin unchecked, so ``lock`` fetches the file and
-checks it (:func:`check_archive_hashes`).
+checks it (``envbuild.pylock.direct.check_hashes``, as for a wheel).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
 from envbuild.confine import quoted, token
-from envbuild.errors import DataError, UsageError
+from envbuild.errors import UsageError
+from envbuild.pylock.direct import check_project, is_source
 
 GIT_SCHEMES = ("git+https", "git+http")
-ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
@@ -54,18 +54,6 @@ class ArchiveRequirement:
     url: str  # without the fragment
     filename: str
     sha256: str | None
-
-
-def is_source(text: str) -> bool:
-    """True for a ``name @ git+…`` requirement or one whose URL names a source archive."""
-    try:
-        url = Requirement(text).url
-    except InvalidRequirement:
-        return False
-    if url is None:
-        return False
-    lowered = url.lower()
-    return lowered.startswith("git+") or urlsplit(lowered).path.endswith(ARCHIVE_SUFFIXES)
 
 
 def _plain(url: str, schemes: tuple[str, ...], where: str, shown: str, hint: str) -> tuple[str, str, str]:
@@ -135,12 +123,7 @@ def archive_requirement(text: str, where: str) -> ArchiveRequirement:
     except InvalidSdistFilename:
         raise UsageError(f"{where}: source archive {shown} is not named NAME-VERSION.tar.gz (or .zip)",
                          hint=HINT_ARCHIVE) from None
-    if name != canonicalize_name(requirement.name):
-        raise UsageError(f"{where}: source archive {shown} is one of {token(name)}, not of "
-                         f"{token(requirement.name)}", hint="name the project the archive is for")
-    if requirement.specifier:
-        raise UsageError(f"{where}: source archive {shown} has both a URL and a version specifier",
-                         hint="the URL fixes the version: drop the specifier")
+    check_project(requirement, name, f"{where}: source archive {shown}", "one")
     return ArchiveRequirement(name=name, url=url, filename=filename, sha256=sha256)
 
 
@@ -156,21 +139,6 @@ def check_source(text: str, where: str) -> None:
 def archives(requirements: Iterable[str]) -> list[ArchiveRequirement]:
     return [archive_requirement(r, "dependency") for r in requirements
             if is_source(r) and not (Requirement(r).url or "").lower().startswith("git+")]
-
-
-def check_archive_hashes(found: Iterable[ArchiveRequirement], recorded: Mapping[str, str],
-                         served: Callable[[str], str]) -> None:
-    """DataError unless each archive served at its URL has the sha256 the project pins and the
-    one uv recorded (uv takes a ``#sha256=`` as the file's hash without checking it)."""
-    for archive in found:
-        got = served(archive.url)
-        pins = (("the project pins", archive.sha256), ("uv recorded", recorded.get(archive.name)))
-        for what, expected in pins:
-            if expected is not None and expected != got:
-                raise DataError(f"{token(archive.filename)}: {what} sha256 {expected} but the file served "
-                                f"at its URL has sha256 {got}",
-                                hint="the file changed under the URL, or the pin is wrong: check with the "
-                                     "publisher before changing the pin")
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,11 +54,18 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
-from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
+from envbuild.pylock.direct import (
+    check_hashes,
+    check_platform,
+    direct_wheel,
+    direct_wheels,
+    is_source,
+    served_sha256,
+)
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
-from envbuild.pylock.sources import archives, check_archive_hashes, check_source, is_source
+from envbuild.pylock.sources import archives, check_source
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
@@ -290,7 +297,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
                          lambda url: served_sha256(url, env))
-            check_archive_hashes(archives(spec.dependencies),
+            check_hashes(archives(spec.dependencies),
                                  {p.name: p.sdist.sha256 for p in pylock.packages if p.by_url and p.sdist},
                                  lambda url: served_sha256(url, env))
             pages.check(pylock)
