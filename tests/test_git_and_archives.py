@@ -133,6 +133,8 @@ def test_a_git_source_is_locked_by_commit_and_built_from_a_verified_checkout(
     # the image installs its built wheel, never the git URL
     assert "gitthing" not in (tmp_path / "image" / "requirements" / "project.txt").read_text()
     assert not (tmp_path / "image" / "requirements" / "sdists.txt").exists()
+    assert "--no-install-recommends g++ git python3-dev" in dockerfile  # git, in the stage alone
+    assert "built there.\nRUN mkdir -p /wheels \\\n && git clone" in dockerfile
 
 
 def test_the_rendered_checkout_refuses_another_commit(tmp_path: Path, served: dict[str, Any]) -> None:
