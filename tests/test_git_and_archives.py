@@ -123,6 +123,12 @@ def test_a_git_source_is_locked_by_commit_and_built_from_a_verified_checkout(
     assert f"checkout --quiet --detach {expected}" in dockerfile
     assert f'test "$(git -C /tmp/envbuild-ext-git/gitthing rev-parse HEAD)" = {expected}' in dockerfile
     assert "--wheel-dir /wheels /tmp/envbuild-ext-git/gitthing" in dockerfile
+    # behind a TLS-inspecting proxy git trusts the bundle through GIT_SSL_CAINFO (no SSL_CERT_FILE)
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n")
+    code, _, err = run(capsys, env, "render", "docker", "--lock", "envbuild.lock", "-o", "image-ca",
+                       "--ca-bundle", str(tmp_path / "ca.pem"))
+    assert code == 0, err
+    assert 'GIT_SSL_CAINFO="$SSL_CERT_FILE" git clone' in (tmp_path / "image-ca" / "Dockerfile").read_text()
     # its built wheel is recorded by a build key whose source is its commit (envbuild.built.json)
     from envbuild.render.closure import build_keys
     from envbuild.render.lockset import read_lockset
