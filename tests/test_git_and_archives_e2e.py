@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_git_and_archives import _git
 from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
 
 __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, used by name
@@ -33,11 +34,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.network]
 TAG = "envbuild-test/git-sources:h37d"
 PYPROJECT = ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
              '[project]\nname = "{name}"\nversion = "{version}"\n')
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t", *args],
-                          cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")
