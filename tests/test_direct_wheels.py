@@ -118,7 +118,11 @@ def test_a_pylock_archive_is_read_as_the_packages_one_wheel_only_when_an_https_w
     assert package.direct and package.wheels[0].filename == TINY
     lines = install_requirements(good, ["tiny"], python="3.11", glibc="2.35")
     assert lines == f"tiny @ https://h.example/{TINY} --hash=sha256:{'0' * 64}\n"
-    for url in (f"http://h.example/{TINY}", "https://h.example/tiny-1.0.tar.gz", f"file:///etc/{TINY}"):
+    # a source archive by URL is read as the package's sdist, built in the image (H56)
+    archive = read_pylock(head + 'archive = { url = "https://h.example/tiny-1.0.tar.gz", '
+                          'hashes = { sha256 = "' + "0" * 64 + '" } }\n').package("tiny")
+    assert archive.by_url and archive.built and not archive.direct and archive.sdist is not None
+    for url in (f"http://h.example/{TINY}", "https://h.example/tiny-1.0.whl", f"file:///etc/{TINY}"):
         with pytest.raises(UsageError, match=r"archive"):
             read_pylock(head + f'archive = {{ url = "{url}", hashes = {{ sha256 = "' + "0" * 64 + '" } }\n')
 

@@ -299,13 +299,19 @@ def test_editable_and_local_requirements_are_refused(tmp_path: Path, requirement
 
 
 @pytest.mark.parametrize(("requirement", "problem"), [
-    ("git+https://127.0.0.1/repo.git#egg=thing", "VCS requirement"),
-    ("thing @ git+https://127.0.0.1/repo.git@v1", "VCS requirement"),
+    ("git+https://127.0.0.1/repo.git", "VCS requirement"),  # no #egg=: no name
+    ("thing @ git+ssh://127.0.0.1/repo.git@v1",
+     "direct requirement 'thing @ git+ssh://127.0.0.1/repo.git@v1' is not git+https or git+http"),
     ("hg+https://127.0.0.1/repo", "VCS requirement"),
     ("https://127.0.0.1/thing-1.0.tar.gz", "direct URL requirement"),
-    # an https wheel is allowed (tests/test_direct_wheels.py); anything else by URL is not
+    # an https wheel, a git source, an archive are allowed (tests/test_direct_wheels.py,
+    # tests/test_git_and_archives.py); anything else by URL is not
     ("thing @ http://127.0.0.1/thing-1.0-py3-none-any.whl", "direct URL requirement"),
-    ("thing @ https://127.0.0.1/thing-1.0.tar.gz", "direct URL requirement"),
+    ("thing @ http://127.0.0.1/thing-1.0.tar.gz",
+     "source archive 'thing @ http://127.0.0.1/thing-1.0.tar.gz' is fetched over plain http "
+     "with no #sha256="),
+    ("thing @ https://127.0.0.1/other-1.0.tar.gz",
+     "source archive 'thing @ https://127.0.0.1/other-1.0.tar.gz' is one of other, not of thing"),
 ])
 def test_vcs_and_direct_urls_are_refused(tmp_path: Path, requirement: str, problem: str) -> None:
     """docs/faults.md H13"""

@@ -330,8 +330,8 @@ def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> 
 
 
 @pytest.mark.parametrize("requirement", ["requests>=", "pkg @ http://x.invalid/pkg-1.0-py3-none-any.whl",
-                                         "pkg @ https://x.invalid/pkg-1.0.tar.gz",
-                                         "pkg @ git+https://x.invalid/pkg.git"])
+                                         "pkg @ http://x.invalid/pkg-1.0.tar.gz",  # http, no #sha256=
+                                         "pkg @ hg+https://x.invalid/pkg"])
 def test_bad_requirement_is_usage_error(index: Index, uv_env: dict[str, str], requirement: str) -> None:
     """An unparsable requirement, or a direct URL that is not an https wheel: exit 2 before uv runs."""
     index.paths.clear()

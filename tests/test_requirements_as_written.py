@@ -201,13 +201,15 @@ def test_a_local_package_that_cannot_be_built_is_one_line(tmp_path: Path, line: 
 
 
 @pytest.mark.parametrize(("line", "problem"), [
-    ("thing @ git+https://127.0.0.1/repo.git@v1", "VCS requirement"),
-    ("thing @ https://127.0.0.1/thing-1.0.tar.gz#sha256=" + "a" * 64, "does not name a wheel (.whl)"),
+    ("thing @ hg+https://127.0.0.1/repo@v1", "VCS requirement"),
+    ("thing @ svn+https://127.0.0.1/repo/trunk", "VCS requirement"),
+    ("hg+https://127.0.0.1/repo#egg=thing", "VCS requirement"),
 ])
 def test_what_stays_unsupported_names_file_line_and_the_way_out(tmp_path: Path, line: str,
                                                                 problem: str) -> None:
-    """H54: a VCS requirement and a source archive by URL are not locked yet: one line naming the
-    file and line, whose way out is a checkout in the project named as a local package (H53)."""
+    """H54: a VCS other than git is not locked: one line naming the file and line, whose way out
+    is a checkout in the project named as a local package (H53). git and source archives by URL
+    are locked since H55/H56 (tests/test_git_and_archives.py)."""
     from envbuild.errors import UsageError
 
     (tmp_path / "envbuild.toml").write_text('requirements = ["r.txt"]\n')

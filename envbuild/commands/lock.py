@@ -438,17 +438,26 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {tag} (Ubuntu {lock.stack.ubuntu}'s "
                f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
     closure = compile_closure(spec, started=started)
+    from envbuild.pylock.files import read_pylock
+
+    pylock = read_pylock(closure.pylock_text)
     if project is not None and project.hashes:
-        from envbuild.pylock.files import read_pylock
         from envbuild.pylock.hashed import check_hashed
 
-        check_hashed(read_pylock(closure.pylock_text), project.hashes, python=spec.python,
+        check_hashed(pylock, project.hashes, python=spec.python,
                      glibc=spec.glibc, arch=spec.arch, sdists=closure.sdists)
     steps.warn([*closure.notes, *(f"{h.shown()}: wheels-only resolution held it back; build-sdists = "
                                   f"true (or [\"{h.name}\"]) builds the newest from its sdist"
                                   for h in closure.held_back)])
     if held is not None:
         held[plan.name] = closure.held_back
+    for package in pylock.packages:
+        vcs = package.vcs
+        if vcs is not None and vcs.requested is None:  # locked at what the default branch is now
+            steps.warn([f"{package.name}: its git requirement names no revision: locked at commit "
+                        f"{vcs.commit}, where the repository's default branch points now"])
+        elif vcs is not None:
+            steps.step(f"{package.name}: git revision {vcs.requested!r} locked at commit {vcs.commit}")
     steps.step(f"{len(closure.packages)} distributions resolved; checking hashes")
     wheel = closure.installer
     ref = PylockRef(file=pylock_name(plan.name, targets), sha256=sha256_text(closure.pylock_text),
@@ -457,11 +466,21 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
                     inputs_sha256=inputs, exclude_newer=spec.exclude_newer)
+    # git sources and source archives by URL are built in the image, as build-sdists' sdists are
+    built = {p.name for p in pylock.packages if p.built}
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),
                      layers=(), extensions=() if project is None else project.extensions,
-                     sdists=closure.sdists, build_env=() if project is None else project.build_env)
+                     sdists=tuple(sorted(built | set(closure.sdists))),
+                     build_env=() if project is None else project.build_env)
     check_lock(locked)
     return locked
+
+
+def _built(pylock_text: str) -> set[str]:
+    """The packages a pylock locks as git sources or source archives by URL (built in the image)."""
+    from envbuild.pylock.files import read_pylock
+
+    return {p.name for p in read_pylock(pylock_text).packages if p.built}
 
 
 def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
@@ -651,7 +670,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
             found.append("build-env changed")
         if project is not None and project.all_sdists:
             pass  # the sdists uv chose: the closure's inputs say whether they could change
-        elif (() if project is None else project.build_sdists) != locked.sdists:
+        elif set(() if project is None else project.build_sdists) != \
+                set(locked.sdists) - _built(locked.pylock.text):
             found.append("build-sdists changed")
         setting = None if project is None else project.apt_snapshot
         if (setting is None) != (locked.apt_snapshot is None) or \

@@ -29,6 +29,7 @@ CUDA_HOME = "/usr/local/cuda"  # the toolkit in NVIDIA's devel images (nvcc in i
 # headers too unless the standalone CPython (which carries its own) is the interpreter.
 BUILD_APT = ("g++",)
 HEADERS_APT = ("python3-dev",)
+GIT_APT = ("git",)  # git sources (envbuild/pylock/sources.py) are checked out in the stage
 _SM_RE = re.compile(r"sm_(\d+)(\d)([af]?)", re.ASCII)
 
 
@@ -79,9 +80,18 @@ def check_toolchain(extensions: Sequence[Extension], *, cuda: str | None, flavor
                          hint='set flavor = "devel" in the project (or lock --flavor devel)')
 
 
+def git_context(git: Sequence[tuple[str, str, str]]) -> list[dict[str, str]]:
+    """Each git source's values for templates/partials/extensions_git.j2: its URL (shell-quoted;
+    envbuild/pylock/sources.py allowed only plain characters in it), the commit id (40 hex, as
+    checked) and the directory it is checked out in."""
+    return [{"url": shlex.quote(url), "commit": commit, "dir": shlex.quote(f"{SOURCES}-git/{name}")}
+            for name, url, commit in git]
+
+
 def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_list: Sequence[str],
                   standalone: bool, sdists: bool = False, recorded: bool = False,
-                  build_env: Sequence[tuple[str, str]] = (), offline_steps: bool = False) -> dict[str, Any]:
+                  build_env: Sequence[tuple[str, str]] = (), offline_steps: bool = False,
+                  git: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
     """The template's values: the stage's name, each source directory (shell-quoted), whether
     sdists are built (requirements/sdists.txt) and recorded wheels checked
     (requirements/built.sha256), the apt packages building needs, the arch list, CUDA's home
@@ -91,11 +101,12 @@ def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_lis
         "extension_cuda_home": CUDA_HOME if cuda is not None else None,
         "extension_build_env": [(key, shlex.quote(value)) for key, value in sorted(build_env)],
         "extension_offline": offline_steps,
-        "extension_stage": STAGE if extensions or sdists else None,
+        "extension_stage": STAGE if extensions or sdists or git else None,
         "extension_sdists": sdists,
         "extension_recorded": recorded,
         "extension_dirs": [shlex.quote(f"{SOURCES}/{context_dir(e.dir)}") for e in extensions],
-        "extension_apt": sorted(BUILD_APT + (() if standalone else HEADERS_APT)),
+        "extension_apt": sorted(BUILD_APT + (() if standalone else HEADERS_APT) + (GIT_APT if git else ())),
+        "extension_git": git_context(git),
         "extension_sources": SOURCES,
         "torch_cuda_arch_list": torch_cuda_arch_list(cuda, arch_list),
     }

@@ -7,8 +7,10 @@ includes relative to the including file, each file read once; ``-c`` constraints
 handed to uv as constraints; ``--hash=sha256:`` options, checked against the files locked),
 and extra PEP 508 strings from the project file. Every requirement names a package on an
 index, or is an https wheel (``name @ https://…/name-version-tags.whl``,
-envbuild/pylock/direct.py): editable installs, local paths, VCS, other direct URLs and pip
-options other than ``-r``/``-c``/``--hash`` are refused, naming the file and line. torch,
+envbuild/pylock/direct.py), a git repository (``name @ git+https://…@REV``, locked by commit) or
+a source archive by URL (envbuild/pylock/sources.py); editable installs other than local
+directories, local paths, other VCS, other direct URLs and pip options other than
+``-r``/``-c``/``--hash`` are refused, naming the file and line. torch,
 torchvision and torchaudio are set aside as constraints on the stack rather than dependencies
 (a constraint on torch narrows the stack too).
 """
@@ -28,15 +30,17 @@ from packaging.utils import canonicalize_name
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
 from envbuild.extensions.tree import Extension
-from envbuild.pylock.direct import direct_wheel
+from envbuild.pylock.direct import direct_wheel, is_source
+from envbuild.pylock.sources import check_source
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
 _NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HINT_INDEX = "name the package (and version) on an index; build a wheel and use find-links for local code"
-_HINT_VCS = ("a VCS source is not locked by commit yet: check it out at the commit into the project and "
-             "name the directory (-e ./dir), or build its wheel (pip wheel URL) into a find-links directory")
+_HINT_VCS = ("envbuild locks git sources by commit (name @ git+https://host/repo.git@REV); for another VCS, "
+             "check it out at the commit into the project and name the directory (-e ./dir)")
+_EGG_RE = re.compile(r"git\+\S+#egg=([A-Za-z0-9._-]+)", re.IGNORECASE)
 _HINT_OUTSIDE = "requirements files must lie inside the project's directory"
 MAX_INCLUDE_DEPTH = 64  # nested -r includes
 MAX_FILES = 1000  # requirements files in all
@@ -94,6 +98,9 @@ def check_requirement(text: str, where: Where) -> str:
     if text.startswith(("-e", "--editable")):
         raise usage(where, f"editable requirement {quoted(text)} is not allowed", _HINT_INDEX)
     lowered = text.lower()
+    egg = _EGG_RE.fullmatch(text)
+    if egg:  # pip's older form: git+https://host/repo.git@REV#egg=name
+        return check_requirement(f"{egg.group(1)} @ {text}", where)
     if lowered.startswith(VCS_SCHEMES):
         raise usage(where, f"VCS requirement {quoted(text)} is not allowed", _HINT_VCS)
     if lowered.startswith("file:") or text.startswith((".", "/", "~")):
@@ -120,6 +127,9 @@ def check_requirement(text: str, where: Where) -> str:
                     "write a PEP 508 requirement, e.g. requests>=2.31") from None
     if requirement.url is not None:
         url = requirement.url.lower()
+        if is_source(text):  # git by commit, a source archive by sha256: built in the image
+            check_source(text, where)
+            return text
         if url.startswith(VCS_SCHEMES) or url.startswith("file:"):
             vcs = url.startswith(VCS_SCHEMES)
             raise usage(where, f"{'VCS' if vcs else 'local path'} requirement {quoted(text)} is not allowed",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -29,6 +30,7 @@ _HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
 _TORCH = re.compile(r"torch(\d+)\.(\d+)")  # flash-attn: +cu12torch2.6cxx11abiFALSE
 _PT = re.compile(r"(?:^|[^a-z])pt(\d)(\d+)")  # PyG: +pt21cu121, +pt113cu117
 _CUDA = re.compile(r"cu(\d\d)(\d?)(?!\d)")  # cu12, cu121, cu118
+ARCHIVE_SUFFIXES = (".tar.gz", ".zip")  # a source archive by URL (envbuild/pylock/sources.py)
 HINT = "name @ https://host/path/name-version-tags.whl, optionally with #sha256=<64 hex>"
 
 
@@ -53,6 +55,18 @@ def is_direct(text: str) -> bool:
         return Requirement(text).url is not None
     except InvalidRequirement:
         return False
+
+
+def is_source(text: str) -> bool:
+    """True for a ``name @ git+…`` requirement or one whose URL names a source archive."""
+    try:
+        url = Requirement(text).url
+    except InvalidRequirement:
+        return False
+    if url is None:
+        return False
+    lowered = url.lower()
+    return lowered.startswith("git+") or urlsplit(lowered).path.endswith(ARCHIVE_SUFFIXES)
 
 
 def direct_wheel(text: str, where: str) -> DirectWheel:
@@ -81,17 +95,23 @@ def direct_wheel(text: str, where: str) -> DirectWheel:
     if not WHEEL_NAME.fullmatch(filename):
         raise UsageError(f"{where}: direct URL requirement {shown} has characters a wheel name never has",
                          hint=HINT)
-    if name != canonicalize_name(requirement.name):
-        raise UsageError(f"{where}: direct URL requirement {shown} is a wheel of {token(name)}, not of "
-                         f"{token(requirement.name)}", hint="name the project the wheel is for")
-    if requirement.specifier:
-        raise UsageError(f"{where}: direct URL requirement {shown} has both a URL and a version specifier",
-                         hint="the URL fixes the version: drop the specifier")
+    check_project(requirement, name, f"{where}: direct URL requirement {shown}", "a wheel")
     sha256 = _fragment_sha256(parts.fragment, where, shown)
     local = version.local or ""
     return DirectWheel(requirement=text, name=name, url=parts._replace(fragment="").geturl(),
                        filename=filename, sha256=sha256, tags=frozenset(tags),
                        torch=_torch_build(local), cuda=_cuda_build(local))
+
+
+def check_project(requirement: Requirement, found: str, what: str, kind: str) -> None:
+    """UsageError unless the file a URL names (``kind``: "a wheel") is one of the requirement's
+    project (``found``: canonical) and the requirement has no version specifier beside it."""
+    if found != canonicalize_name(requirement.name):
+        raise UsageError(f"{what} is {kind} of {token(found)}, not of {token(requirement.name)}",
+                         hint=f"name the project the {'wheel' if kind == 'a wheel' else 'file'} is for")
+    if requirement.specifier:
+        raise UsageError(f"{what} has both a URL and a version specifier",
+                         hint="the URL fixes the version: drop the specifier")
 
 
 def _fragment_sha256(fragment: str, where: str, shown: str) -> str | None:
@@ -121,7 +141,7 @@ def _cuda_build(local: str) -> str | None:
 
 def direct_wheels(requirements: Iterable[str]) -> list[DirectWheel]:
     """The direct-URL wheels among ``requirements`` (already checked where they were read)."""
-    return [direct_wheel(r, "dependency") for r in requirements if is_direct(r)]
+    return [direct_wheel(r, "dependency") for r in requirements if is_direct(r) and not is_source(r)]
 
 
 def check_platform(wheels: Iterable[DirectWheel], supported: list[Tag], *, python: str,
@@ -150,11 +170,25 @@ def served_sha256(url: str, env: Mapping[str, str]) -> str:
     return HttpClient(env=env, policy=policy).get(url).sha256
 
 
-def check_hashes(wheels: Iterable[DirectWheel], recorded: Mapping[str, str],
+class Pinned(Protocol):
+    """A file by URL: a direct wheel, or a source archive (envbuild/pylock/sources.py)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def filename(self) -> str: ...
+    @property
+    def sha256(self) -> str | None: ...
+
+
+def check_hashes(wheels: Iterable[Pinned], recorded: Mapping[str, str],
                  served: Callable[[str], str]) -> None:
-    """DataError unless each wheel's file, fetched and hashed (``served``), has the sha256 the
-    project pins (``#sha256=``) and the one uv recorded (``recorded``: {canonical name: sha256}).
-    uv takes a URL's fragment as the file's hash without checking it, so envbuild checks."""
+    """DataError unless each file (a wheel, a source archive), fetched and hashed (``served``),
+    has the sha256 the project pins (``#sha256=``) and the one uv recorded (``recorded``:
+    {canonical name: sha256}). uv takes a URL's fragment as the file's hash without checking it
+    (of a file in its cache), so envbuild checks."""
     for wheel in wheels:
         got = served(wheel.url)
         for what, expected in (("the project pins", wheel.sha256), ("uv recorded", recorded.get(wheel.name))):

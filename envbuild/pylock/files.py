@@ -3,9 +3,11 @@
 The file must satisfy PEP 751's reference reader (``packaging.pylock``) and, beyond it, only
 what envbuild installs is accepted: lock-version 1.0, packages with a name and a
 version, and files (wheels, an sdist) each with a ``url`` or a ``path`` and a sha256; an
-``archive`` only when it is a wheel at an https URL (a direct-URL wheel of the project:
-envbuild/pylock/direct.py), read as the package's one wheel. Source trees (``vcs``,
-``directory``) and other archives are refused. Every problem is a
+``archive`` when it is a wheel at an https URL (a direct-URL wheel of the project:
+envbuild/pylock/direct.py), read as the package's one wheel, or a source archive at a plain
+http(s) URL, read as its sdist; a ``vcs`` table when it is git at one commit
+(envbuild/pylock/sources.py). Both of the latter are built in the image. A ``directory`` and
+other VCS are refused. Every problem is a
 :class:`~envbuild.errors.UsageError` naming the field, as ``packages[3].wheels[0].hashes``.
 """
 
@@ -23,10 +25,12 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from envbuild.confine import quoted, token
 from envbuild.errors import UsageError
 from envbuild.project.toml import check_key_parts, tomllib  # the one place that picks tomllib
+from envbuild.pylock.direct import ARCHIVE_SUFFIXES
+from envbuild.pylock.sources import VcsSource, pylock_vcs
 
 LOCK_VERSION = "1.0"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-UNSUPPORTED_SOURCES = ("vcs", "directory")
+UNSUPPORTED_SOURCES = ("directory",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,13 @@ class PylockPackage:
     wheels: tuple[PylockFile, ...]
     sdist: PylockFile | None
     direct: bool = False  # its one wheel is a direct https URL (``archive``), on no index
+    vcs: VcsSource | None = None  # a git repository at one commit, built in the image
+    by_url: bool = False  # its sdist is a source archive by URL (``archive``), on no index
+
+    @property
+    def built(self) -> bool:
+        """True for a git source or a source archive by URL: built in the image, on no index."""
+        return self.vcs is not None or self.by_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,11 @@ def _package(entry: Any, where: str) -> PylockPackage:
                              hint="envbuild installs wheels only")
     if "archive" in entry:
         return _archive(entry, name, version, where)
+    if "vcs" in entry:
+        if "wheels" in entry or "sdist" in entry:
+            raise UsageError(f"pylock: {where}: {token(name)} has a vcs source and files")
+        return PylockPackage(name=canonicalize_name(name), version=version, wheels=(), sdist=None,
+                             vcs=pylock_vcs(entry["vcs"], name, where))
     wheels_raw = entry.get("wheels", [])
     if not isinstance(wheels_raw, list):
         raise UsageError(f"pylock: {where}.wheels: not an array of tables")
@@ -160,6 +176,10 @@ def _archive(entry: dict[str, Any], name: str, version: str, where: str) -> Pylo
     if "wheels" in entry or "sdist" in entry:
         raise UsageError(f"pylock: {where}: {token(name)} has an archive and other files")
     wheel = _file(entry["archive"], f"{where}.archive")
+    if wheel.url is not None and wheel.filename.endswith(ARCHIVE_SUFFIXES) \
+            and urlsplit(wheel.url).scheme in ("http", "https"):  # a source archive by URL
+        return PylockPackage(name=canonicalize_name(name), version=version, wheels=(), sdist=wheel,
+                             by_url=True)
     if wheel.url is None or urlsplit(wheel.url).scheme != "https" or not wheel.filename.endswith(".whl"):
         raise UsageError(f"pylock: {where}.archive: {token(name)} is not a wheel at an https URL",
                          hint="envbuild installs wheels only; a direct URL must be an https wheel")

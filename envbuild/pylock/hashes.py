@@ -137,7 +137,8 @@ class IndexPages:
     def check(self, pylock: Pylock) -> None:
         """See :func:`check_index_hashes`."""
         # A direct-URL wheel is on no index: uv hashed the file it fetched (and checked a #sha256=).
-        work = [p for p in pylock.packages if not p.direct
+        # A git source or an archive by URL is on none either (its commit, or the sha256 checked).
+        work = [p for p in pylock.packages if not p.direct and not p.built
                 and any(not f.is_local for f in (*p.wheels, *([p.sdist] if p.sdist else [])))]
         work = [p for p in work if urlsplit(self._index_of(p.name)).scheme in ("http", "https")]
         # A page that gave every file's sha256 before need not be read again (see _Seen).

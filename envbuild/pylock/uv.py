@@ -55,11 +55,19 @@ from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
 from envbuild.pylock import sourceonly
-from envbuild.pylock.direct import check_hashes, check_platform, direct_wheel, direct_wheels, served_sha256
+from envbuild.pylock.direct import (
+    check_hashes,
+    check_platform,
+    direct_wheel,
+    direct_wheels,
+    is_source,
+    served_sha256,
+)
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
 from envbuild.pylock.sourceonly import HeldBack
+from envbuild.pylock.sources import archives, check_source
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
@@ -189,7 +197,9 @@ def _checked(requirements: tuple[str, ...], what: str) -> tuple[str, ...]:
             requirement = Requirement(text)
         except InvalidRequirement as exc:
             raise UsageError(f"{what}: {text!r} is not a PEP 508 requirement ({exc})") from exc
-        if requirement.url:
+        if requirement.url and is_source(text):
+            check_source(text, what)  # git by commit, a source archive: uv records them
+        elif requirement.url:
             direct_wheel(text, what)  # an https wheel: uv fetches and hashes it; else UsageError
     return requirements
 
@@ -311,6 +321,9 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
                          lambda url: served_sha256(url, env))
+            check_hashes(archives(spec.dependencies),
+                                 {p.name: p.sdist.sha256 for p in pylock.packages if p.by_url and p.sdist},
+                                 lambda url: served_sha256(url, env))
             pages.check(pylock)
         _check_pins_cutoff(spec, pylock)
         layer = _torch_layer(run, pylock.versions(), work)

@@ -10,6 +10,7 @@ context and named under ``local_dir`` instead.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from envbuild.errors import UsageError
 from envbuild.extensions.record import BuildKey, read_record, stage_sums
 from envbuild.extensions.sdists import sdist_requirements, sdist_sha256
 from envbuild.extensions.stage import build_keys as stage_keys
-from envbuild.pylock.files import read_pylock
+from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.install import install_requirements, local_wheels
 from envbuild.render.lock import Lock
 
@@ -45,8 +46,9 @@ def install_files(lock: Lock, *, local_dir: str | None,
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
                                                 glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)
-    if lock.sdists:
-        files["sdists"] = sdist_requirements(pylock, lock.sdists)
+    fetched = [n for n in lock.sdists if pylock.package(n).vcs is None]  # git sources: git_builds
+    if fetched:
+        files["sdists"] = sdist_requirements(pylock, fetched)
     return files, ([] if local_dir is None else local_wheels(pylock, roots))
 
 
@@ -55,9 +57,26 @@ def build_keys(lock: Lock) -> list[BuildKey]:
     if lock.pylock is None or not (lock.extensions or lock.sdists):
         return []
     pylock = read_pylock(lock.pylock.text)
-    return stage_keys(lock.extensions, {n: sdist_sha256(pylock, n) for n in lock.sdists},
+    return stage_keys(lock.extensions, {n: _source_sha256(pylock, n) for n in lock.sdists},
                       torch=lock.packages.get("torch", ""), cuda=lock.stack.cuda,
                       arch_list=lock.gpu_archs or lock.stack.arch_list, python=lock.stack.python)
+
+
+def _source_sha256(pylock: Pylock, name: str) -> str:
+    """An sdist's sha256; for a git source, the sha256 of ``git:`` and its commit id."""
+    vcs = pylock.package(name).vcs
+    if vcs is None:
+        return sdist_sha256(pylock, name)
+    return hashlib.sha256(f"git:{vcs.commit}".encode()).hexdigest()
+
+
+def git_builds(lock: Lock) -> list[tuple[str, str, str]]:
+    """(name, URL, commit id) of each git source the lock builds (build-sdists' names among them)."""
+    if lock.pylock is None or not lock.sdists:
+        return []
+    pylock = read_pylock(lock.pylock.text)
+    found = [(n, pylock.package(n).vcs) for n in lock.sdists]
+    return [(name, vcs.url, vcs.commit) for name, vcs in found if vcs is not None]
 
 
 def recorded_sums(lock: Lock, lock_dir: Path | None) -> str:

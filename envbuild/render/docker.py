@@ -320,7 +320,8 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             peaks: bool = False, project_requirements: bool = False,
             provenance: Provenance | None = None, buildkit: bool = False,
             found_os: str | None = None, recorded: bool = False,
-            offline_steps: bool = False) -> dict[str, Any]:
+            offline_steps: bool = False, sdists: bool | None = None,
+            git: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
     s = lock.stack
     check_toolchain(lock.extensions, cuda=s.cuda, flavor=lock.flavor)
     standalone = lock.python_standalone
@@ -378,8 +379,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         else lock.pylock.installer.name,
         "installer_file": INSTALLER_FILE,
         **stage_context(lock.extensions, cuda=s.cuda, arch_list=lock.gpu_archs or s.arch_list,
-                        standalone=standalone is not None, sdists=bool(lock.sdists), recorded=recorded,
-                        build_env=lock.build_env, offline_steps=offline_steps),
+                        standalone=standalone is not None,
+                        sdists=bool(lock.sdists) if sdists is None else sdists, recorded=recorded,
+                        build_env=lock.build_env, offline_steps=offline_steps, git=git),
     }
 
 
@@ -399,6 +401,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         files[CA_BUNDLE_NAME] = _ca_bytes(str(options.ca_bundle))
     wheelhouse = options.wheelhouse
     requirements: dict[str, str] = {}
+    git: list[tuple[str, str, str]] = []
     if lock.pylock is not None:
         from envbuild.render import closure  # reads pylock files: only for a locked closure
 
@@ -414,6 +417,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
             files[f"requirements/{INSTALLER_FILE}"] = lock.pylock.installer.requirement().encode("utf-8")
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
+        git = closure.git_builds(lock)
         sums = closure.recorded_sums(lock, options.extension_root) if options.check_recorded else ""
         if sums:  # the wheels built before for these build keys: the stage checks its own against them
             files[f"requirements/{RECORDED_SUMS}"] = sums.encode("utf-8")
@@ -421,7 +425,8 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
                 provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os,
-                recorded=f"requirements/{RECORDED_SUMS}" in files, offline_steps=options.offline_steps))
+                recorded=f"requirements/{RECORDED_SUMS}" in files, offline_steps=options.offline_steps,
+                sdists="sdists" in requirements, git=git))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()
