@@ -20,7 +20,11 @@ if [ "$quick" -eq 1 ]; then
   # No engine for this tier (a test asking for one must carry the docker marker: conftest.py
   # refuses to collect it otherwise), so CI's demand for one does not apply.
   unset ENVBUILD_REQUIRE_DOCKER
-  exec python -m pytest -q -n "${ENVBUILD_TEST_WORKERS:-auto}" -m "not docker and not slurm and not network" \
-    --durations=10 "$@"
+  workers=(-n "${ENVBUILD_TEST_WORKERS:-auto}")
+  if ! python -c 'import xdist' 2>/dev/null; then
+    echo "scripts/test.sh: pytest-xdist is not installed (pip install -e '.[test]'): one process" >&2
+    workers=()
+  fi
+  exec python -m pytest -q "${workers[@]}" -m "not docker and not slurm and not network" --durations=10 "$@"
 fi
 exec python -m pytest -q --durations=25 "$@"
