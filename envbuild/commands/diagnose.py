@@ -4,14 +4,15 @@ or ``--pid PID``: why a job leaves its GPU idle (docs/diagnose.md)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out
 from envbuild.errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_commands(commands: Any) -> None:
@@ -43,6 +44,8 @@ def _seconds(text: str) -> float:
 
 
 def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+
     from envbuild.diagnose import report as reports
     from envbuild.diagnose import session
 
@@ -69,6 +72,7 @@ def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> 
 
 
 def _write(path: str | None, text: str) -> None:
+    from pathlib import Path
     if path:
         from envbuild.fs import write_file
 

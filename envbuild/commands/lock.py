@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import (
     Out,
@@ -27,9 +24,13 @@ from envbuild.commands.options import (
     warn,
 )
 from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
-from envbuild.project.model import INSTALLER_CHOICES
+from envbuild.project import INSTALLER_CHOICES
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
@@ -75,17 +76,21 @@ def add_commands(commands: Any) -> None:
     p.set_defaults(run=cmd_lock)
 
 
-@dataclass(frozen=True, slots=True)
 class _Plan:
-    """What one target is locked from: the merged selectors and the project's extras."""
+    """What one target is locked from: the merged selectors and the project's extras. A plain
+    class: neither dataclasses nor typing is imported for `lock --help`."""
 
-    name: str
-    args: argparse.Namespace
-    dependencies: tuple[str, ...]
-    torch_constraints: tuple[str, ...]
+    __slots__ = ("args", "dependencies", "name", "torch_constraints")
+
+    def __init__(self, name: str, args: argparse.Namespace, dependencies: tuple[str, ...],
+                 torch_constraints: tuple[str, ...]) -> None:
+        self.name, self.args = name, args
+        self.dependencies, self.torch_constraints = dependencies, torch_constraints
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from pathlib import Path
+
     from envbuild.fs import check_file_target
 
     path = Path(args.output)
@@ -145,6 +150,7 @@ def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, ou
 
 
 def _project(args: argparse.Namespace) -> Project | None:
+    from pathlib import Path
     if args.no_project:
         if args.project:
             raise UsageError("--project and --no-project cannot be combined")
@@ -260,6 +266,8 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, index: Callable[[], str], *, previous: LockSet | None) -> LockSet:
+    from dataclasses import replace
+
     from envbuild.commands.lockview import Steps, base_text
     from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
@@ -325,6 +333,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
               steps: Steps) -> Lock:
     """The base image by digest, from its registry; --no-registry (and --offline) keep the tag
     and record that."""
+    from dataclasses import replace
+
     if lock.base_digest is not None:
         return lock
     if args.offline or args.no_registry:
@@ -345,6 +355,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
            index: Callable[[], str], *, started: Callable[[], None] | None = None) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
     ``started``: called once uv's closure run has started."""
+    from dataclasses import replace
+
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
