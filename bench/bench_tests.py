@@ -7,8 +7,10 @@ lint and types included. pytest writes a JUnit XML report (`--junitxml`) whose p
 is its set-up, call and tear-down together; the slowest tests are listed from it.
 
 The machine's load average is printed before and after each run: the development machines are
-shared, and a figure taken beside other sessions' work says so. Run it from the checkout, with
-the environment the tests use (`pip install -e '.[test]'`) active:
+shared, and a figure taken beside other sessions' work says so. The CPU seconds the run's
+processes used (user + system) are printed too, and that figure over the core count: what the
+wall time would be on cores that run nothing else, were the work spread evenly over them. Run it
+from the checkout, with the environment the tests use (`pip install -e '.[test]'`) active:
 
     python bench/bench_tests.py                  # the quick tier and its 20 slowest tests
     python bench/bench_tests.py --whole --top 30 # both tiers (the whole one needs the engine)
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,7 @@ class Timing:
 class TierRun:
     name: str
     wall_s: float
+    cpu_s: float  # user + system seconds of every process the run started
     exit_code: int
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
@@ -75,12 +79,15 @@ def run_tier(name: str, args: list[str], extra: list[str]) -> TierRun:
         command = ["bash", str(ROOT / "scripts" / "test.sh"), *args, f"--junitxml={report}", *extra]
         print(f"$ {' '.join(command)}", flush=True)
         before = os.getloadavg()
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, check=False)
         wall = time.perf_counter() - start
         after = os.getloadavg()
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
         tests = read_junit(report) if report.is_file() else []
-    return TierRun(name, wall, done.returncode, before, after, tests)
+    return TierRun(name, wall, cpu, done.returncode, before, after, tests)
 
 
 def minutes(seconds: float) -> str:
@@ -88,6 +95,7 @@ def minutes(seconds: float) -> str:
 
 
 def summary(run: TierRun, top: int) -> str:
+    cores = os.cpu_count() or 1
     counts: dict[str, int] = {}
     for test in run.tests:
         counts[test.outcome] = counts.get(test.outcome, 0) + 1
@@ -95,7 +103,9 @@ def summary(run: TierRun, top: int) -> str:
         *run.load_before, *run.load_after)
     lines = [f"{run.name}: {minutes(run.wall_s)} wall, exit {run.exit_code}, "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-             + f" ({os.cpu_count()} cores; {load})",
+             + f" ({cores} cores; {load})",
+             f"  CPU: {minutes(run.cpu_s)} (user + system, every process): {minutes(run.cpu_s / cores)} "
+             f"on {cores} cores that run nothing else",
              f"  test time summed over workers: {minutes(sum(t.seconds for t in run.tests))}",
              f"  the {top} slowest tests (set-up + call + tear-down):"]
     for test in sorted(run.tests, key=lambda t: t.seconds, reverse=True)[:top]:
