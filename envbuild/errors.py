@@ -11,7 +11,10 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
-from typing import ClassVar
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 
 class EnvbuildError(Exception):

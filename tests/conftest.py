@@ -202,6 +202,19 @@ def _engine() -> tuple[Any, int] | None:
 
 _BEFORE_MODULE: dict[str, set[str]] = {}
 
+# The fixtures that reach the Docker engine: a test using one must be marked ``docker``, so that
+# the quick tier (scripts/test.sh --quick, -m "not docker ...") never needs an engine.
+_ENGINE_FIXTURES = frozenset({"docker_api"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("docker") is None]
+    if unmarked:
+        raise pytest.UsageError("tests that use the Docker engine without the docker marker "
+                                "(scripts/test.sh --quick would run them): " + ", ".join(unmarked))
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -225,15 +238,14 @@ def _images_made_here_are_removed(request: pytest.FixtureRequest) -> Iterator[No
     the module ends. A torch image is over 1 GB and its build stage as much again; kept for the
     whole suite they filled a CI machine's disk (no space left on device) before the last
     module ran. Skipped while another test session uses the engine (its images are new too)."""
-    engine = _engine()
-    if engine is None:
-        yield
-        return
-    client, fd = engine
     yield
     before = _BEFORE_MODULE.get(request.module.__name__)
-    if before is None:  # no test of the module that may build an image ran
+    if before is None:  # no test of the module that may build an image ran: the engine untouched
         return
+    engine = _engine()  # asked already, by pytest_runtest_setup, which took the shared hold
+    if engine is None:
+        return
+    client, fd = engine
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # alone: no other session is building
     except BlockingIOError:

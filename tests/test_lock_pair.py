@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,10 @@ def failing_replace(monkeypatch: pytest.MonkeyPatch, at: int, fault: str) -> lis
         signum = signal.SIGINT if fault.startswith("sigint") else signal.SIGTERM
         if fault.endswith("after"):
             real(src, dst, **kwargs)
-        os.kill(os.getpid(), signum)
+        # to the main thread, as a Ctrl-C reaches the envbuild command's only thread: os.kill of
+        # the process may be taken by another thread that holds no mask (pytest-xdist's I/O
+        # thread), and then it is not held until the renames are done
+        signal.pthread_kill(threading.main_thread().ident or 0, signum)
         return None
 
     monkeypatch.setattr(os, "replace", replace)

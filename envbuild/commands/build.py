@@ -8,10 +8,7 @@ into exit codes.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import (
     Out,
@@ -23,7 +20,11 @@ from envbuild.commands.options import (
 )
 from envbuild.errors import BuildFailed, GpuRuntimeMissing, SmokeFailed, UsageError
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from envbuild.engine.baseos import BaseOs
     from envbuild.engine.build import BuildEvent
     from envbuild.render.lock import Lock
@@ -109,6 +110,8 @@ def _err(text: str) -> None:
 
 def cmd_build(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     """Build one image, or one per target of a lock with several (``build_targets``)."""
+    import json
+
     from envbuild.commands import build_targets as bt
     from envbuild.commands.render import render_context
     from envbuild.engine.build import check_tag, default_tag
@@ -194,6 +197,8 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
                say: Out) -> dict[str, Any]:
     """One image: built from ``files`` (rendered again in BuildKit syntax for buildx and
     buildah: the CA bundle a secret, a pip cache mount), pushed; its report."""
+    from pathlib import Path
+
     from envbuild.commands.render import render_context
     from envbuild.engine.build import build_image, short
 
@@ -247,6 +252,8 @@ def _build_one(args: argparse.Namespace, env: Mapping[str, str], builder: Any, c
 
 def _write_sbom(args: argparse.Namespace, env: Mapping[str, str], image: str, say: Out) -> None:
     """The target's bill of materials beside the lock, naming the image just built (docs/sbom.md)."""
+    from pathlib import Path
+
     from envbuild.commands.sbom import sbom_text
     from envbuild.fs import write_file
     from envbuild.render.lockset import read_lockset
@@ -378,6 +385,8 @@ def _push(builder: Any, client: Any, tag: str, ref: str, env: Mapping[str, str])
 
 def _check_report(path: str | None) -> None:
     """--report FILE that could never be written is exit 2 before Docker is contacted."""
+    from pathlib import Path
+
     from envbuild.fs import check_file_target
 
     if path:
@@ -385,6 +394,9 @@ def _check_report(path: str | None) -> None:
 
 
 def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    import json
+    from pathlib import Path
+
     from envbuild.fs import UnwritableDirectory, write_file
 
     try:
@@ -394,6 +406,8 @@ def _write_report(path: str, report: Mapping[str, Any], *, sort_keys: bool = Fal
 
 
 def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+
     from envbuild.engine.clean import warn_leftovers
     from envbuild.engine.daemon import connect
     from envbuild.engine.verify import (
@@ -453,6 +467,9 @@ def _digest_of(client: Any, image: str) -> str | None:
 def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     """Tag REF@sha256:… as TAG in its registry, after a passing smoke test of that digest:
     the report named by --verified-report, else verify run here and now."""
+    import json
+    from pathlib import Path
+
     from envbuild.engine.publish import tag_digest
     from envbuild.registry.reference import parse_reference
 
@@ -484,6 +501,8 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
 
 
 def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
+    import json
+
     from envbuild.confine import read_confined
     from envbuild.errors import SmokeFailed
 
@@ -518,6 +537,8 @@ def _ran_on_a_gpu(report: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
 
 
 def cmd_clean(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+
     from envbuild.engine.clean import clean
     from envbuild.engine.daemon import connect
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import (
     Command,
@@ -19,7 +16,10 @@ from envbuild.commands.options import (
     written_json,
 )
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from typing import Any
+
     from envbuild.data.matrix import Matrix
     from envbuild.fs import FileData
     from envbuild.render.ci import CiOptions, CiStack
@@ -28,10 +28,8 @@ Render = Callable[[Sequence["CiStack"], "CiOptions"], dict[str, "FileData"]]
 
 
 def add_commands(commands: Any) -> None:
-    """``envbuild ci github`` and ``envbuild ci bake``."""
-    from envbuild.render.bake import render_bake
-    from envbuild.render.github import render_github
-
+    """``envbuild ci github`` and ``envbuild ci bake``; each renderer is imported when its
+    command runs (``ci --help`` never pays for the Dockerfile renderer it reaches)."""
     p = commands.add_parser("ci", help="CI for the top stacks: GitHub Actions or docker-bake.json")
     sub = p.add_subparsers(dest="ci_target", metavar="TARGET", required=True,
                            parser_class=Parser)
@@ -45,10 +43,10 @@ def add_commands(commands: Any) -> None:
                         "Actions cache (10 GB per repository)")
     g.add_argument("--sign", action="store_true",
                    help="sign each promoted digest with cosign, keyless (OIDC id-token)")
-    g.set_defaults(run=_command(render_github))
+    g.set_defaults(run=_command("github"))
     b = sub.add_parser("bake", help="a docker-bake.json: a target per stack, groups per CUDA major")
     _add_common(b)
-    b.set_defaults(run=_command(render_bake))
+    b.set_defaults(run=_command("bake"))
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -79,6 +77,8 @@ def _plan(args: argparse.Namespace, env: Mapping[str, str],
 
 
 def _from_lock(args: argparse.Namespace, matrix: Matrix) -> list[CiStack]:
+    from pathlib import Path
+
     from envbuild.errors import UsageError
     from envbuild.render.ci import lock_stacks
     from envbuild.render.lockset import read_lockset
@@ -90,10 +90,25 @@ def _from_lock(args: argparse.Namespace, matrix: Matrix) -> list[CiStack]:
     return lock_stacks(read_lockset(Path(args.lock)), matrix)
 
 
-def _command(render: Render) -> Command:
+def _renderer(target: str) -> Render:
+    if target == "github":
+        from envbuild.render.github import render_github
+
+        return render_github
+    from envbuild.render.bake import render_bake
+
+    return render_bake
+
+
+def _command(target: str) -> Command:
     def run(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+        from dataclasses import replace
+        from pathlib import Path
+
         from envbuild.render.ci import parse_ci_options, pinned_actions
         from envbuild.render.output import write_output
+
+        render = _renderer(target)
 
         options = parse_ci_options(registry=args.registry,
                                    runner_labels=getattr(args, "gpu_runner_label", ()),

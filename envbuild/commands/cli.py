@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
 from envbuild import __version__
 from envbuild.commands import detect
@@ -30,6 +27,10 @@ from envbuild.errors import (
     output_failed,
 )
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
+
 EXIT_CODES_HELP = """exit codes:
   0 success              1 output unwritable or bug          2 invalid input (nothing written)
   3 no compatible stack  4 data error                        5 Docker or scheduler unreachable
@@ -42,15 +43,18 @@ EXIT_CODES_HELP = """exit codes:
 # ``<module>.add_commands(commands)`` only when one of the module's commands runs (or
 # for --help), so ``envbuild resolve`` never pays for them.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    # in the order, and with the help, that the modules register them (`envbuild --help` lists
+    # these without importing any; tests/test_fast_path.py holds the two equal)
     "lock": ("envbuild.commands.lock", "pin every target's whole environment: envbuild.lock + pylock files"),
-    "render": ("envbuild.commands.render", "write a Dockerfile (and lock, smoke test) for a stack"),
-    "build": ("envbuild.commands.build", "render a stack and build its image on a Docker engine"),
+    "render": ("envbuild.commands.render",
+               "write a Dockerfile, host script or cloud-init user-data (with its lock and smoke test)"),
+    "build": ("envbuild.commands.build", "render a stack and build its image (a lock: every target's)"),
     "verify": ("envbuild.commands.build", "run an image's smoke test in a container"),
-    "clean": ("envbuild.commands.build", "remove containers envbuild left behind"),
     "promote": ("envbuild.commands.build", "tag a verified image digest in its registry"),
-    "ci": ("envbuild.commands.ci", "a GitHub Actions workflow or docker-bake.json for the top stacks"),
+    "clean": ("envbuild.commands.build", "remove containers envbuild left behind"),
+    "ci": ("envbuild.commands.ci", "CI for the top stacks: GitHub Actions or docker-bake.json"),
     "init": ("envbuild.commands.init", "write a commented envbuild.toml project file"),
-    "fleet": ("envbuild.commands.fleet", "verify every node of every node type through Slurm or Kubernetes"),
+    "fleet": ("envbuild.commands.fleet", "verify every node of every node type (Slurm, Kubernetes)"),
     "diagnose": ("envbuild.commands.diagnose", "run (or watch) a training job and say why its GPU idles"),
     "sbom": ("envbuild.commands.sbom", "write a CycloneDX bill of materials per target of a lock"),
     "config": ("envbuild.commands.config", "show every effective setting and its origin"),
@@ -58,12 +62,18 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The commands cli.py registers itself; with LAZY_COMMANDS, every command there is.
+OWN_COMMANDS = ("resolve", "detect", "smoke", "matrix")
+
+
 def build_parser(*, with_render: bool = True, lazy: str | None = None,
-                 refresh: bool = False) -> argparse.ArgumentParser:
+                 refresh: bool = False, only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI. Lazily registered commands are listed by name and help only,
     except those of the module named by ``lazy`` (all of them when ``with_render``);
     likewise ``matrix refresh``, whose module is read only when ``refresh`` (or
-    ``with_render``) asks for it."""
+    ``with_render``) asks for it. ``only``: a command named on the line; the others are
+    left out (argparse builds a whole parser for each name it lists, a fifth of
+    ``COMMAND --help``'s time): that command parses, and prints its help, as in the whole CLI."""
     parser = Parser(prog="envbuild", epilog=EXIT_CODES_HELP,
                     description="Reproducible GPU environments, resolved from the host driver up.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,10 +86,14 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
     parser.add_argument("--matrices", metavar="DIR",
                         help="compatibility data to use (default: $ENVBUILD_MATRICES, then bundled)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    _add_resolve(commands)
-    detect.add_commands(commands)
-    _add_smoke(commands)
-    _add_matrix(commands, refresh=refresh or with_render)
+    def add_matrix(commands: Any) -> None:
+        _add_matrix(commands, refresh=refresh or with_render)
+
+    own: dict[str, Callable[[Any], None]] = {"resolve": _add_resolve, "detect": detect.add_commands,
+                                             "smoke": _add_smoke, "matrix": add_matrix}
+    for name in OWN_COMMANDS:
+        if only in (None, name):
+            own[name](commands)
     import importlib
 
     added: set[str] = set()
@@ -88,7 +102,7 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
             if module not in added:
                 added.add(module)
                 importlib.import_module(module).add_commands(commands)
-        else:
+        elif only in (None, name):
             commands.add_parser(name, help=text)
     return parser
 
@@ -156,15 +170,16 @@ def cmd_smoke(args: argparse.Namespace, env: Mapping[str, str], out: Callable[[s
 
 def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
     """Run the standalone smoke test, handing it the peaks table from matrices/."""
-    import tempfile
-
-    from envbuild.data.peaks import peaks_json
-    from envbuild.errors import DataError
     from envbuild.smoke import __main__ as smoke
 
     if any(a == "--peaks" or a.startswith("--peaks=") for a in argv) or \
             any(a in ("-h", "--help") for a in argv):
         return smoke.main(argv)
+    import tempfile
+    from pathlib import Path
+
+    from envbuild.data.peaks import peaks_json
+    from envbuild.errors import DataError
     try:
         data = peaks_json(load_matrix(argparse.Namespace(matrices=None), env))
     except (DataError, UsageError) as exc:  # the smoke test must still run without data
@@ -178,6 +193,9 @@ def run_smoke(argv: list[str], env: Mapping[str, str]) -> int:
 
 def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
                         out: Callable[[str], None]) -> int:
+    import json
+    from pathlib import Path
+
     from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
@@ -206,6 +224,8 @@ def cmd_matrix_validate(args: argparse.Namespace, env: Mapping[str, str],
 
 def cmd_matrix_show(args: argparse.Namespace, env: Mapping[str, str],
                     out: Callable[[str], None]) -> int:
+    import json
+
     from envbuild.data.matrix import RELATIONS
     from envbuild.resolver import report
 
@@ -243,11 +263,7 @@ def _trap_termination() -> dict[int, Any]:
     that Ctrl-C runs (temporary trees, staging, build containers) runs for them as well;
     a second one during that cleanup is ignored. Only from the main thread, and only where
     nobody (an embedding program) installed a handler of its own."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
+    import signal  # not threading: signal.signal itself refuses any other thread (ValueError)
 
     def terminate(signum: int, frame: Any) -> None:
         for name in TERMINATING_SIGNALS:
@@ -258,7 +274,10 @@ def _trap_termination() -> dict[int, Any]:
     for name in TERMINATING_SIGNALS:
         number = getattr(signal, name, None)
         if number is not None and signal.getsignal(number) in (signal.SIG_DFL, None):
-            previous[number] = signal.signal(number, terminate)
+            try:
+                previous[number] = signal.signal(number, terminate)
+            except ValueError:  # not the main thread: handlers are the main thread's alone
+                break
     return previous
 
 
@@ -314,8 +333,11 @@ def _run(argv: list[str], env: Mapping[str, str], level: int) -> int:
         words = _command_words(argv)
         command = words[0] if words else None
         lazy = LAZY_COMMANDS.get(command or "", (None,))[0]
-        parser = build_parser(with_render=command is None, lazy=lazy,
-                              refresh=words[:2] == ["matrix", "refresh"])
+        # `envbuild --help` (no command) lists every command by name and help alone: none of
+        # the lazily registered modules is imported for it.
+        known = command in OWN_COMMANDS or command in LAZY_COMMANDS
+        parser = build_parser(with_render=False, lazy=lazy, refresh=words[:2] == ["matrix", "refresh"],
+                              only=command if known else None)
         args = parser.parse_args(argv)
         if level > 0 and hasattr(args, "verbose"):
             args.verbose = True  # a command's own --verbose (build) is the global one

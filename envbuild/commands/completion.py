@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
 
 from envbuild.commands.options import Out
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 SHELLS = ("bash", "zsh", "fish")
 HOW = {

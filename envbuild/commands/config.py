@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA = "envbuild.config/1"
 
@@ -29,6 +30,9 @@ def add_commands(commands: Any) -> None:
 
 
 def cmd_config_show(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+    from pathlib import Path
+
     from envbuild.project import settings
     from envbuild.project.config import load_project, project_file_here
 

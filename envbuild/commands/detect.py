@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out
 from envbuild.errors import DataError, UsageError
-from envbuild.host.facts import with_catalogue
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_commands(commands: Any) -> None:
@@ -42,8 +42,12 @@ def _catalogue_lookup(args: argparse.Namespace, env: Mapping[str, str]) -> Calla
 
 
 def cmd_detect(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+    from pathlib import Path
+
     from envbuild.host import probe as host
     from envbuild.host import report as host_report
+    from envbuild.host.facts import with_catalogue
 
     if args.from_file:
         from envbuild.confine import read_confined

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out
 from envbuild.errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_commands(commands: Any) -> None:
@@ -73,6 +75,8 @@ def cmd_diagnose(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> 
 def check_output_file(path: str | None, flag: str) -> None:
     """An output file a command writes after its work: its directory must exist and it must not
     be a directory, checked before the work starts."""
+    from pathlib import Path
+
     if not path:
         return
     target = Path(path)
@@ -85,6 +89,7 @@ def check_output_file(path: str | None, flag: str) -> None:
 
 
 def _write(path: str | None, text: str) -> None:
+    from pathlib import Path
     if path:
         from envbuild.fs import write_file
 

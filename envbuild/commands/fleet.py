@@ -4,15 +4,15 @@ every node type, through the engine the fleet already runs."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import Out, Parser, positive_int
 from envbuild.errors import SmokeFailed
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from typing import Any
+
     from envbuild.fleet.plan import FleetTarget, RunOptions
 
 Targets = tuple["FleetTarget", ...]
@@ -55,6 +55,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> tuple[Targets, bytes]:
+    from pathlib import Path
+
     from envbuild.confine import read_regular
     from envbuild.fleet.plan import parse_image_flags, plan_targets, read_build_report
     from envbuild.render.lockset import read_lockset
@@ -79,6 +81,8 @@ def _files(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes], RunOpti
 
 
 def cmd_render(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from pathlib import Path
+
     from envbuild.render.output import write_output
 
     targets, files, _ = _files(args)
@@ -95,6 +99,9 @@ def cmd_render(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
 
 
 def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+    from pathlib import Path
+
     from envbuild.fleet.report import render_html, render_table
     from envbuild.fleet.verify import engine_for, run_fleet
     from envbuild.fs import write_file

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out, add_selectors, load_matrix, warn
 from envbuild.errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_commands(commands: Any) -> None:
@@ -82,6 +83,9 @@ def _gpu_names(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[s
 
 
 def cmd_init(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    import json
+    from pathlib import Path
+
     from envbuild.confine import read_confined
     from envbuild.project.config import PYPROJECT, project_from_text, shown_path
     from envbuild.project.init import InitValues, render_project

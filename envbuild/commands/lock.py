@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import (
     Out,
@@ -27,9 +24,13 @@ from envbuild.commands.options import (
     warn,
 )
 from envbuild.errors import NoCompatibleStack, StaleLock, UsageError
-from envbuild.project.model import INSTALLER_CHOICES
+from envbuild.project import INSTALLER_CHOICES
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
     from envbuild.project.model import Project, Target
@@ -84,17 +85,22 @@ def add_commands(commands: Any) -> None:
     p.set_defaults(run=cmd_lock)
 
 
-@dataclass(frozen=True, slots=True)
 class _Plan:
-    """What one target is locked from: the merged selectors and the project's extras."""
+    """What one target is locked from: the merged selectors and the project's extras. A plain
+    class: neither dataclasses nor typing is imported for `lock --help`."""
 
-    name: str
-    args: argparse.Namespace
-    dependencies: tuple[str, ...]
-    torch_constraints: tuple[str, ...]
+    __slots__ = ("args", "dependencies", "name", "torch_constraints")
+
+    def __init__(self, name: str, args: argparse.Namespace, dependencies: tuple[str, ...],
+                 torch_constraints: tuple[str, ...]) -> None:
+        self.name, self.args = name, args
+        self.dependencies, self.torch_constraints = dependencies, torch_constraints
 
 
 def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
     from envbuild.fs import check_file_target
 
     path = Path(args.output)
@@ -139,6 +145,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     held: dict[str, tuple[HeldBack, ...]] = {}
     lockset = _lock_all(args, env, matrix, _plans(args, project), project, index, previous=previous,
                         held=held)
+
     _write(path, replace(lockset, flags=flags), out, as_json=args.json, held=held)
     return 0
 
@@ -172,6 +179,7 @@ def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, ou
 
 
 def _project(args: argparse.Namespace) -> Project | None:
+    from pathlib import Path
     if args.no_project:
         if args.project:
             raise UsageError("--project and --no-project cannot be combined")
@@ -187,6 +195,8 @@ def _project(args: argparse.Namespace) -> Project | None:
 def _no_project_here() -> None:
     """A bare ``lock`` with no project file: locking a default stack of nothing is not what
     anyone asked for, so it says which file it looked for (exit 2)."""
+    from pathlib import Path
+
     from envbuild.project.config import find_project_file
 
     try:
@@ -309,6 +319,8 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
               held: dict[str, tuple[HeldBack, ...]]) -> LockSet:
     """Every target locked; ``held`` gets, per target, the packages wheels-only resolution held
     back (an sdist-only release: envbuild/pylock/sourceonly.py)."""
+    from dataclasses import replace
+
     from envbuild.commands.lockview import Steps, base_text
     from envbuild.render.lock import check_lock, duplicate_cuda
     from envbuild.render.lockset import LockSet, ProjectRef
@@ -397,6 +409,8 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
               steps: Steps) -> Lock:
     """The base image by digest, from its registry; --no-registry (and --offline) keep the tag
     and record that."""
+    from dataclasses import replace
+
     if lock.base_digest is not None:
         return lock
     if args.offline or args.no_registry:
@@ -421,6 +435,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
            held: dict[str, tuple[HeldBack, ...]] | None = None) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
     ``started``: called once uv's closure run has started."""
+    from dataclasses import replace
+
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
@@ -694,6 +710,8 @@ def _check(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
 def _check_stacks(args: argparse.Namespace, matrix: Matrix, lockset: LockSet, path: Path) -> None:
     """The build contexts CI builds (``ci github --lock``'s stacks/) are what the lock renders:
     a re-lock without a new ``ci github``, or an edited Dockerfile, is stale too."""
+    from pathlib import Path
+
     from envbuild.render.ci import stale_stacks
 
     stacks = Path(args.stacks) if args.stacks else path.parent / "stacks"

@@ -10,13 +10,14 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import UsageError
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from envbuild.data.matrix import Matrix
     from envbuild.render.docker import Provenance, RenderOptions
     from envbuild.render.lock import Lock
@@ -37,6 +38,30 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         raise UsageError(message, hint=f"see '{self.prog} --help'")
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse's own asks shutil for the width, on every add_argument too: shutil (and the
+        # bz2, lzma and zlib it loads) was a tenth of `envbuild COMMAND --help`.
+        formatter: argparse.HelpFormatter = self.formatter_class(  # type: ignore[call-arg]
+            prog=self.prog, width=_help_width())
+        return formatter
+
+
+def _help_width() -> int:
+    """shutil.get_terminal_size().columns - 2, as argparse sizes its help: $COLUMNS, else the
+    terminal standard output is, else 80."""
+    import os
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
 
 
 def warn(message: str) -> None:
@@ -163,6 +188,8 @@ def written_json(schema: str, directory: Path, **extra: Any) -> str:
 
 
 def load_matrix(args: argparse.Namespace, env: Mapping[str, str]) -> Matrix:
+    from pathlib import Path
+
     from envbuild.data import matrix
 
     directory = Path(args.matrices) if args.matrices else matrix.default_directory(env)
@@ -232,6 +259,8 @@ def resolve_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
                  gpu_archs: bool = False) -> Lock:
     """The lock of the best stack the selectors and image options allow; ``gpu_archs``: record
     the target GPUs' architectures, which the extensions stage compiles for (``lock``)."""
+    from dataclasses import replace
+
     from envbuild.render.docker import lock_for, wheel_index
 
     options = render_options(args)

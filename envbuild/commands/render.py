@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from envbuild.commands.options import (
     Command,
@@ -26,7 +24,10 @@ from envbuild.commands.options import (
 )
 from envbuild.errors import UsageError
 
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
+    from typing import Any
+
     from envbuild.fs import FileData
     from envbuild.render.hostsetup import HostSetup
     from envbuild.render.lock import Lock
@@ -89,6 +90,7 @@ def render_context(args: argparse.Namespace, env: Mapping[str, str], *,
     ``buildkit``: in BuildKit syntax (build --builder buildx|buildah); ``base_os``: what the
     build read from a --base-image (its labels name it)."""
     from dataclasses import replace
+    from pathlib import Path
 
     from envbuild.data.peaks import peaks_json
     from envbuild.render.docker import render_docker
@@ -136,6 +138,8 @@ def cmd_render_docker(args: argparse.Namespace, env: Mapping[str, str], out: Out
 
 def write_files(args: argparse.Namespace, files: Mapping[str, FileData], out: Out) -> int:
     """-o DIR (--force) gets ``files``, all of them or none."""
+    from pathlib import Path
+
     from envbuild.render.output import write_output
 
     write_output(files, Path(args.output), force=args.force)
@@ -214,6 +218,8 @@ def read_or_resolve_lock(args: argparse.Namespace, env: Mapping[str, str]) -> tu
     """The lock, and the lock file text a locked closure ships (its own target's lock set).
     Unlike render docker, the --lock rule is checked before any option is validated (after the
     options a host install refuses outright)."""
+    from pathlib import Path
+
     from envbuild.render.lockset import read_lockset
 
     reject_host_options(args)

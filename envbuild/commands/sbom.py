@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from envbuild.commands.options import Out, warn
 from envbuild.errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 
 def add_commands(commands: Any) -> None:
@@ -27,6 +30,8 @@ def add_commands(commands: Any) -> None:
 
 
 def cmd_sbom(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
+    from pathlib import Path
+
     from envbuild.render.lockset import check_target_name, read_lockset
 
     lock_path = Path(args.lock)

@@ -6,3 +6,7 @@ line locator every error message uses, ``config.py`` discovery and validation
 extras, dependency groups, requirements files) and ``init.py`` the text ``envbuild init``
 writes. Pure library code: no argparse, no printing.
 """
+
+# What a build may install the closure with (project key "installer", lock --installer); here,
+# not in model.py, so that `envbuild lock --help` reads it without importing the project model.
+INSTALLER_CHOICES = ("uv", "pip")

@@ -8,9 +8,7 @@ from pathlib import Path
 
 from envbuild.extensions.tree import Extension
 from envbuild.fleet.placement import Placement
-
-# What a build may install the closure with (project key "installer", lock --installer).
-INSTALLER_CHOICES = ("uv", "pip")
+from envbuild.project import INSTALLER_CHOICES as INSTALLER_CHOICES  # re-exported: config.py reads it here
 
 
 @dataclass(frozen=True)

@@ -13,22 +13,26 @@ is reached by its package name (relative imports), never as a top-level name.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import sys
-import tempfile
-from typing import Sequence
 
-from .installed import compare_installed, pins_whole_environment
-from .lockfile import load_lock, validate_lock
-from .report import EXIT_INTERRUPTED, MAX_TIER, render_text
-from .runner import Options
-from .suite import run_smoke
+from .rules import MAX_TIER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    from .runner import Options
+
+# The checks (.suite, and the ctypes, subprocess and threads they use), the report and json
+# are imported once the arguments are read: `envbuild smoke --help` answers without them.
 
 
 def write_atomic(path: str, text: str) -> None:
     """Write to a temporary file beside ``path`` and rename: complete or untouched."""
+    import contextlib
+    import tempfile
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".smoke-", suffix=".tmp", dir=directory)
     try:
@@ -86,6 +90,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each heavy check")
     ns = parser.parse_args(argv)
+    from .runner import Options
+
     return Options(
         json=ns.json,
         tier=ns.tier,
@@ -116,6 +122,9 @@ def installed_only(options: Options) -> int:
     Prints one line per extra, missing or different distribution (``name: lock X, installed
     Y``) and exits 1, or one line saying they match and exits 0; an unusable lock is one
     ``smoke: ...`` line on stderr and exit 2."""
+    from .installed import compare_installed, pins_whole_environment
+    from .lockfile import load_lock, validate_lock
+
     if not options.lock:
         sys.stderr.write("smoke: --installed-only needs --lock FILE\n")
         return EXIT_UNUSABLE
@@ -147,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     if options.installed_only:
         return installed_only(options)
+    import json
+
+    from .report import EXIT_INTERRUPTED, render_text
+    from .suite import run_smoke
+
     try:
         report = run_smoke(options)
     except KeyboardInterrupt:

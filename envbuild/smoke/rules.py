@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # Integrated (Tegra/Jetson) GPUs do not run SASS built for the discrete GPUs of the
 # same major, nor the reverse; sm_101 code also runs on 11.0 (the renamed Thor).
+MAX_TIER = 4  # the smoke test's tiers run 0..4 (health last); here for its --help, which reads no report
+
 # source: https://github.com/pytorch/pytorch/blob/main/torch/cuda/__init__.py
 # (DEVICE_REQUIREMENT, read in the torch 2.13.0 wheel), retrieved: 2026-11-21
 INTEGRATED_CCS = frozenset({(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)})

@@ -232,6 +232,7 @@ def read_documents(directory: Path) -> dict[str, dict[str, Any]]:
     so a refresh can repair data a crash left inconsistent)."""
     import yaml
 
+    from envbuild.data import yamlload
     from envbuild.data.matrix import RELATIONS
 
     if not directory.is_dir():
@@ -243,9 +244,9 @@ def read_documents(directory: Path) -> dict[str, dict[str, Any]]:
         if not path.is_file():
             continue
         text = path.read_text(encoding="utf-8")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+        try:  # libyaml's loader where PyYAML has it: the pure-Python one took 3 s for the data
+            data = yamlload.load(text)
+        except (yaml.YAMLError, yamlload.YamlProblem) as exc:
             raise DataError(f"{path} is not valid YAML", hint="restore it from git or reinstall") from exc
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise DataError(f"{path}: expected a mapping with a 'rows' list")
