@@ -38,7 +38,8 @@ SNAPSHOT = "20261101T000000Z"
 SNAPSHOT_DIR = "/opt/envbuild/apt-snapshot"
 SUITES = {"20.04": "focal", "22.04": "jammy", "24.04": "noble"}
 OPTIONS = (f"-o Dir::Etc::SourceList={SNAPSHOT_DIR}/sources.list "
-           f"-o Dir::Etc::SourceParts={SNAPSHOT_DIR}/sources.list.d -o Dir::State::Lists={SNAPSHOT_DIR}/lists "
+           f"-o Dir::Etc::SourceParts={SNAPSHOT_DIR}/sources.list.d "
+           f"-o Dir::State::Lists={SNAPSHOT_DIR}/lists "
            "-o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache=")
 
 
@@ -64,7 +65,8 @@ def test_a_snapshot_dates_the_scripts_own_apt_calls_and_never_the_hosts_sources(
     plain = script.render_script(cpu_lock(release, None))["install.sh"].decode()
     assert f"readonly APT_SNAPSHOT={SNAPSHOT}\nreadonly APT_SUITE={SUITES[release]}\n" in dated
     assert "SNAPSHOT" not in plain and "--apt-live" not in plain
-    added = [line[1:] for line in difflib.unified_diff(plain.splitlines(), dated.splitlines(), lineterm="", n=0)
+    diff = difflib.unified_diff(plain.splitlines(), dated.splitlines(), lineterm="", n=0)
+    added = [line[1:] for line in diff
              if line.startswith("+") and not line.startswith("+++")]
     assert any("apt_install_dated" in line for line in added)
     for line in (x for x in added if not x.lstrip().startswith("#")):  # no sed, write or copy onto them
@@ -81,9 +83,11 @@ def test_snapshot_scripts_pass_shellcheck(tmp_path: Path) -> None:
         path.write_bytes(script.render_script(cpu_lock(release))["install.sh"])
         paths.append(str(path))
     arm = tmp_path / "install-arm64.sh"  # the linux/arm64 (SBSA) script has its own lines
-    arm.write_bytes(script.render_script(cpu_lock("24.04"), host=HostSetup(branch="", modules="", why="test", sbsa=True))["install.sh"])
+    arm_host = HostSetup(branch="", modules="", why="test", sbsa=True)
+    arm.write_bytes(script.render_script(cpu_lock("24.04"), host=arm_host)["install.sh"])
     paths.append(str(arm))
-    result = subprocess.run([shellcheck, "-S", "warning", *paths], capture_output=True, text=True, check=False)
+    result = subprocess.run([shellcheck, "-S", "warning", *paths], capture_output=True, text=True,
+                            check=False)
     assert result.returncode == 0, result.stdout[-4000:]
 
 
@@ -178,8 +182,8 @@ def test_arm64_stops_in_the_plan_unless_apt_live(docker_client: Any, rendered: d
         ubuntu(h)
         h.state(gpu="1", driver="550.54.15")
         # dpkg says arm64 (the script's own architecture checks read uname, which it leaves alone)
-        h.sh("printf '#!/bin/sh\\n[ \"$1\" = --print-architecture ] && exec echo arm64\\nexec /usr/bin/dpkg \"$@\"\\n'"
-             " > /stubs/dpkg && chmod 0755 /stubs/dpkg")
+        h.sh("printf '#!/bin/sh\\n[ \"$1\" = --print-architecture ] && exec echo arm64\\n"
+             "exec /usr/bin/dpkg \"$@\"\\n' > /stubs/dpkg && chmod 0755 /stubs/dpkg")
         before = h.snapshot()
         code, out = h.run("--yes", "--no-smoke", "--container-runtime", "none")
         assert code == 9, out
