@@ -112,7 +112,9 @@ def test_user_data_fits_16_kb_for_every_stack(matrix: matrixmod.Matrix,
         locks[-1].stack, matrix, render.parse_options(
             python_url=PY_URL, python_sha256=SHA, apt_packages=["git", "build-essential"],
             pip_packages=["numpy==1.26.4", "pillow"], env=["HF_HOME=/data/hf", "NCCL_DEBUG=WARN"])))
-    extras = max(uploaded(heavy), uploaded(heavy, SMOKE))
+    # apt-snapshot adds the dated install's lines (docs/apt-snapshot.md, "The host script")
+    dated = replace(heavy, apt_snapshot="20261101T000000Z")
+    extras = max(uploaded(heavy), uploaded(heavy, SMOKE), uploaded(dated, SMOKE))
     with capsys.disabled():
         print(f"\nuser-data: {len(sizes)} stacks, largest {largest} bytes ({name}), with extras and "
               f"--smoke-url {extras}; limit {cloudinit.USER_DATA_LIMIT}, margin "

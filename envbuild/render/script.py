@@ -21,6 +21,8 @@ from envbuild.smoke.rules import COMPILE_TOOLCHAIN_ENV as COMPILE_OPT_OUT_ENV
 # Ubuntu release -> the directory of NVIDIA's network repository for it
 # (https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/).
 NVIDIA_DISTROS = {"20.04": "ubuntu2004", "22.04": "ubuntu2204", "24.04": "ubuntu2404"}
+# Ubuntu release -> its suite (codename): the apt-snapshot sources name it (docs/apt-snapshot.md).
+SUITES = {"20.04": "focal", "22.04": "jammy", "24.04": "noble"}
 
 # Where the script puts things on the host; the venv partial is rendered with these paths.
 PREFIX = "/opt/envbuild"
@@ -100,6 +102,8 @@ def facts(lock: Lock, host: HostSetup) -> list[tuple[str, str]]:
                ("CTK_KEY_FINGERPRINT", t.key_fingerprint if t else ""),
                # The GPU container check's image, pinned by digest (never a moving tag).
                ("SMOKE_IMAGE_PINNED", t.smoke_image if t else "")]
+    if lock.apt_snapshot is not None:  # the distribution's packages from the archive as of then
+        values += [("APT_SNAPSHOT", lock.apt_snapshot), ("APT_SUITE", SUITES[s.ubuntu])]
     if lock.index_url is not None and lock.pylock is None:  # a closure names every file's URL
         values.append(("INDEX_URL", lock.index_url))
     if lock.python_standalone is not None:
@@ -137,6 +141,8 @@ def context(lock: Lock, layers: Sequence[str] = (), host: HostSetup | None = Non
         # linux/arm64 hosts (render/hostsetup.py): each adds only its own lines, so an x86_64
         # script is byte for byte what it was
         "sbsa": host.sbsa, "grace": host.grace, "nvlink5": host.nvlink5,
+        # apt-snapshot: only a lock with one adds lines (docs/apt-snapshot.md, "The host script")
+        "apt_snapshot": lock.apt_snapshot,
     }
 
 
