@@ -186,9 +186,11 @@ class FakeRunClient:
 
     def __init__(self, *, start_error: str | None = None, hang: bool = False, oom: bool = False,
                  code: int = 0, stdout: str = '{"checks": [], "exit_code": 0}',
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None, arch: str | None = None,
+                 engine_arch: str = "amd64") -> None:
         self.start_error, self.hang, self.oom, self.code, self.stdout = (
             start_error, hang, oom, code, stdout)
+        self.arch, self.engine_arch = arch, engine_arch
         self.labels = {"dev.envbuild.torch": "2.4.1"} if labels is None else labels
         self.created: list[dict[str, Any]] = []
         self.removed: list[str] = []
@@ -197,7 +199,11 @@ class FakeRunClient:
     def inspect_image(self, image: str) -> dict[str, Any]:
         if image == "missing":
             raise docker.errors.ImageNotFound("no such image")
-        return {"Config": {"Labels": dict(self.labels)}}
+        platform = {"Os": "linux", "Architecture": self.arch} if self.arch else {}
+        return {"Config": {"Labels": dict(self.labels)}, **platform}
+
+    def version(self) -> dict[str, str]:
+        return {"Os": "linux", "Arch": self.engine_arch}
 
     def create_host_config(self, **kwargs: Any) -> dict[str, Any]:
         return kwargs
@@ -252,6 +258,29 @@ def test_verify_runs_isolated_and_removes_the_container() -> None:
     assert created["command"][:2] == ["/opt/venv/bin/python", "/opt/envbuild/smoke.py"]
     assert "--json" in created["command"] and "--cpu-ok" not in created["command"]
     assert client.removed == ["c1"]
+
+
+def test_an_image_of_another_platform_runs_as_that_platform_under_emulation_unjudged() -> None:
+    """T15: an arm64 image on an amd64 engine: a WARN line, the report says so, the payload is told
+    (it then skips host balance), and the run names the image's platform (never the index's other
+    manifest); the engine's own platform runs as before, its platform given, nothing emulated."""
+    report = '{"host": {"python": "3.11"}, "checks": [], "exit_code": 0}'
+    client = FakeRunClient(arch="arm64", stdout=report)
+    warnings: list[str] = []
+    result = verify(client, "img", VerifyOptions(), warnings.append)
+    assert result.platform == "linux/arm64" and result.emulated == "linux/arm64 on a linux/amd64 host"
+    assert result.report is not None and result.report["host"]["emulated"] == result.emulated
+    (warning,) = warnings
+    assert "under emulation" in warning and "host balance are not judged" in warning
+    created = client.created[0]
+    assert created["platform"] == "linux/arm64"
+    assert created["environment"] == {"ENVBUILD_SMOKE_EMULATED": "linux/arm64 on a linux/amd64 host"}
+    native = FakeRunClient(arch="arm64", engine_arch="arm64", stdout=report)
+    warnings.clear()
+    result = verify(native, "img", VerifyOptions(), warnings.append)
+    assert (result.platform, result.emulated, warnings) == ("linux/arm64", None, [])
+    assert native.created[0]["environment"] is None and native.created[0]["platform"] == "linux/arm64"
+    assert result.report is not None and "emulated" not in result.report["host"]
 
 
 def test_missing_gpu_runtime_is_exit_8_with_install_hint() -> None:

@@ -392,7 +392,8 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
         # What promote --verified-report checks: which image, by digest, and the verdict.
         _write_report(args.report, {**report, "envbuild.verify": {
             "image": args.image, "digest": _digest_of(client, args.image),
-            "exit_code": result.exit_code, "cpu_ok": args.cpu_ok, "tier": args.tier}})
+            "exit_code": result.exit_code, "cpu_ok": args.cpu_ok, "tier": args.tier,
+            "platform": result.platform, "emulated": result.emulated}})
     if args.json:
         out(json.dumps(report, indent=2))
     else:
