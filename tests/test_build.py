@@ -19,7 +19,7 @@ from envbuild.commands.cli import main
 from envbuild.engine import build
 from envbuild.engine.context import context_tar
 from envbuild.engine.daemon import LABEL, LOG_TAIL, connect
-from envbuild.engine.verify import VerifyOptions, VerifyResult, failures, parse_size, verify
+from envbuild.engine.verify import VerifyOptions, VerifyResult, check_options, failures, parse_size, verify
 from envbuild.errors import BuildFailed, DockerUnavailable, GpuRuntimeMissing, SmokeFailed, UsageError
 
 # --- the context tar ----------------------------------------------------------------------
@@ -281,6 +281,35 @@ def test_an_image_of_another_platform_runs_as_that_platform_under_emulation_unju
     assert (result.platform, result.emulated, warnings) == ("linux/arm64", None, [])
     assert native.created[0]["environment"] is None and native.created[0]["platform"] == "linux/arm64"
     assert result.report is not None and "emulated" not in result.report["host"]
+
+
+def test_verify_platform_pulls_that_platforms_image_and_refuses_another() -> None:
+    """T15: verify --platform: a multi-arch digest is pulled for that platform (not the engine's
+    own), an image of another platform is refused before any container, a bad platform is 2."""
+    from envbuild.engine.publish import pull_by_digest
+
+    class Puller:
+        def __init__(self) -> None:
+            self.pulled: list[dict[str, Any]] = []
+
+        def inspect_image(self, image: str) -> dict[str, Any]:
+            raise docker.errors.ImageNotFound("not here")
+
+        def pull(self, repository: str, **kwargs: Any) -> list[dict[str, str]]:
+            self.pulled.append({"repository": repository, **kwargs})
+            return [{"status": "Pulled", "id": "x"}]
+
+    puller = Puller()
+    digest = "sha256:" + "ab" * 32
+    pull_by_digest(puller, f"127.0.0.1:5000/ml/torch@{digest}", print, platform="linux/arm64")
+    assert puller.pulled[0]["platform"] == "linux/arm64" and puller.pulled[0]["tag"] == digest
+    client = FakeRunClient(arch="amd64")
+    with pytest.raises(UsageError, match="image 'img' is linux/amd64, not linux/arm64"):
+        verify(client, "img", VerifyOptions(platform="linux/arm64"), print)
+    assert client.created == []
+    assert verify(client, "img", VerifyOptions(platform="linux/amd64"), print).platform == "linux/amd64"
+    with pytest.raises(UsageError, match="unknown platform 'arm64'"):
+        check_options(VerifyOptions(platform="arm64"))
 
 
 def test_missing_gpu_runtime_is_exit_8_with_install_hint() -> None:

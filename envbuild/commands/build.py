@@ -80,6 +80,9 @@ def add_commands(commands: Any) -> None:
     v.add_argument("--memory", default="16g", help="container memory limit (default 16g)")
     v.add_argument("--shm-size", default="2g", help="/dev/shm for DataLoader workers (default 2g)")
     v.add_argument("--tier", type=int, choices=range(5), metavar="N", help="smoke test tiers 0..N")
+    v.add_argument("--platform", metavar="linux/amd64|linux/arm64",
+                   help="the platform to run: a multi-arch REF@sha256:… pulls that platform's image "
+                        "(else the engine's own); an image of another platform is refused")
     v.set_defaults(run=cmd_verify)
 
     p = commands.add_parser("promote", help="tag a verified image digest in its registry")
@@ -379,7 +382,8 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     )
 
     options = VerifyOptions(gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=args.timeout,
-                            memory=args.memory, shm_size=args.shm_size, tier=args.tier)
+                            memory=args.memory, shm_size=args.shm_size, tier=args.tier,
+                            platform=getattr(args, "platform", None))
     check_options(options)
     _check_report(args.report)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
@@ -389,7 +393,7 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
         from envbuild.registry.reference import parse_reference
 
         parse_reference(args.image)
-        pull_by_digest(client, args.image, lambda text: _err(f"    {text}"))
+        pull_by_digest(client, args.image, lambda text: _err(f"    {text}"), platform=options.platform)
     result = verify(client, args.image, options, warn)
     report = result.report or {}
     if args.report:

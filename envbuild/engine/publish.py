@@ -72,8 +72,10 @@ def push_failed(ref: str, registry: str, said: str, *, via: str = "push") -> Bui
     return BuildFailed(f"{via} of {redact(ref)} failed: {text}")
 
 
-def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None]) -> None:
-    """``name@sha256:…`` into the Docker engine unless it is there already."""
+def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None],
+                   platform: str | None = None) -> None:
+    """``name@sha256:…`` into the Docker engine unless it is there already; of a multi-arch
+    digest, ``platform``'s image (linux/arm64), else the engine's own."""
     import docker.errors
 
     try:
@@ -83,7 +85,7 @@ def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None]) -> No
         pass
     repository, _, digest = ref.partition("@")
     try:
-        for event in client.pull(repository, tag=digest, stream=True, decode=True):
+        for event in client.pull(repository, tag=digest, stream=True, decode=True, platform=platform):
             if "error" in event:
                 raise DataError(f"cannot pull {redact(ref)}: {str(event['error']).strip()}")
             if event.get("status") and event.get("id"):

@@ -15,6 +15,7 @@ from typing import Any
 
 from envbuild.engine.daemon import LABEL, LOG_TAIL, api_message
 from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
+from envbuild.resolver.model import PLATFORMS
 from envbuild.smoke.t2_speed import EMULATED_ENV  # the payload then judges no speed
 
 SMOKE_COMMAND = ("/opt/venv/bin/python", "/opt/envbuild/smoke.py",
@@ -32,6 +33,7 @@ class VerifyOptions:
     memory: str = "16g"
     shm_size: str = "2g"
     tier: int | None = None
+    platform: str | None = None  # linux/amd64 | linux/arm64: the image must be of it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +55,8 @@ def check_options(options: VerifyOptions) -> None:
         raise UsageError("--timeout must be positive")
     parse_size(options.memory, "--memory")
     parse_size(options.shm_size, "--shm-size")
+    if options.platform is not None and options.platform not in PLATFORMS:
+        raise UsageError(f"unknown platform {options.platform!r}", hint=f"use {' or '.join(PLATFORMS)}")
 
 
 def parse_size(text: str, flag: str) -> int:
@@ -90,6 +94,11 @@ def verify(client: Any, image: str, options: VerifyOptions,
     if "dev.envbuild.torch" not in labels:
         raise UsageError(f"image {image!r} was not built by envbuild (no dev.envbuild labels)")
     platform = image_platform(config)
+    if options.platform is not None and platform != options.platform:
+        found = platform or "of no recorded platform"
+        raise UsageError(f"image {image!r} is {found}, not {options.platform}",
+                         hint="verify the image built for that platform (a multi-arch REF@sha256:… "
+                              "not yet pulled is pulled for it)")
     host = engine_platform(client)
     emulated = f"{platform} on a {host} host" if platform and host and platform != host else None
     if emulated:
