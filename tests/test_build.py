@@ -19,7 +19,7 @@ from envbuild.commands.cli import main
 from envbuild.engine import build
 from envbuild.engine.context import context_tar
 from envbuild.engine.daemon import LABEL, LOG_TAIL, connect
-from envbuild.engine.verify import VerifyOptions, VerifyResult, failures, parse_size, verify
+from envbuild.engine.verify import VerifyOptions, VerifyResult, check_options, failures, parse_size, verify
 from envbuild.errors import BuildFailed, DockerUnavailable, GpuRuntimeMissing, SmokeFailed, UsageError
 
 # --- the context tar ----------------------------------------------------------------------
@@ -186,9 +186,11 @@ class FakeRunClient:
 
     def __init__(self, *, start_error: str | None = None, hang: bool = False, oom: bool = False,
                  code: int = 0, stdout: str = '{"checks": [], "exit_code": 0}',
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None, arch: str | None = None,
+                 engine_arch: str = "amd64") -> None:
         self.start_error, self.hang, self.oom, self.code, self.stdout = (
             start_error, hang, oom, code, stdout)
+        self.arch, self.engine_arch = arch, engine_arch
         self.labels = {"dev.envbuild.torch": "2.4.1"} if labels is None else labels
         self.created: list[dict[str, Any]] = []
         self.removed: list[str] = []
@@ -197,7 +199,11 @@ class FakeRunClient:
     def inspect_image(self, image: str) -> dict[str, Any]:
         if image == "missing":
             raise docker.errors.ImageNotFound("no such image")
-        return {"Config": {"Labels": dict(self.labels)}}
+        platform = {"Os": "linux", "Architecture": self.arch} if self.arch else {}
+        return {"Config": {"Labels": dict(self.labels)}, **platform}
+
+    def version(self) -> dict[str, str]:
+        return {"Os": "linux", "Arch": self.engine_arch}
 
     def create_host_config(self, **kwargs: Any) -> dict[str, Any]:
         return kwargs
@@ -252,6 +258,58 @@ def test_verify_runs_isolated_and_removes_the_container() -> None:
     assert created["command"][:2] == ["/opt/venv/bin/python", "/opt/envbuild/smoke.py"]
     assert "--json" in created["command"] and "--cpu-ok" not in created["command"]
     assert client.removed == ["c1"]
+
+
+def test_an_image_of_another_platform_runs_as_that_platform_under_emulation_unjudged() -> None:
+    """T15: an arm64 image on an amd64 engine: a WARN line, the report says so, the payload is told
+    (it then skips host balance), and the run names the image's platform (never the index's other
+    manifest); the engine's own platform runs as before, its platform given, nothing emulated."""
+    report = '{"host": {"python": "3.11"}, "checks": [], "exit_code": 0}'
+    client = FakeRunClient(arch="arm64", stdout=report)
+    warnings: list[str] = []
+    result = verify(client, "img", VerifyOptions(), warnings.append)
+    assert result.platform == "linux/arm64" and result.emulated == "linux/arm64 on a linux/amd64 host"
+    assert result.report is not None and result.report["host"]["emulated"] == result.emulated
+    (warning,) = warnings
+    assert "under emulation" in warning and "host balance are not judged" in warning
+    created = client.created[0]
+    assert created["platform"] == "linux/arm64"
+    assert created["environment"] == {"ENVBUILD_SMOKE_EMULATED": "linux/arm64 on a linux/amd64 host"}
+    native = FakeRunClient(arch="arm64", engine_arch="arm64", stdout=report)
+    warnings.clear()
+    result = verify(native, "img", VerifyOptions(), warnings.append)
+    assert (result.platform, result.emulated, warnings) == ("linux/arm64", None, [])
+    assert native.created[0]["environment"] is None and native.created[0]["platform"] == "linux/arm64"
+    assert result.report is not None and "emulated" not in result.report["host"]
+
+
+def test_verify_platform_pulls_that_platforms_image_and_refuses_another() -> None:
+    """T15: verify --platform: a multi-arch digest is pulled for that platform (not the engine's
+    own), an image of another platform is refused before any container, a bad platform is 2."""
+    from envbuild.engine.publish import pull_by_digest
+
+    class Puller:
+        def __init__(self) -> None:
+            self.pulled: list[dict[str, Any]] = []
+
+        def inspect_image(self, image: str) -> dict[str, Any]:
+            raise docker.errors.ImageNotFound("not here")
+
+        def pull(self, repository: str, **kwargs: Any) -> list[dict[str, str]]:
+            self.pulled.append({"repository": repository, **kwargs})
+            return [{"status": "Pulled", "id": "x"}]
+
+    puller = Puller()
+    digest = "sha256:" + "ab" * 32
+    pull_by_digest(puller, f"127.0.0.1:5000/ml/torch@{digest}", print, platform="linux/arm64")
+    assert puller.pulled[0]["platform"] == "linux/arm64" and puller.pulled[0]["tag"] == digest
+    client = FakeRunClient(arch="amd64")
+    with pytest.raises(UsageError, match="image 'img' is linux/amd64, not linux/arm64"):
+        verify(client, "img", VerifyOptions(platform="linux/arm64"), print)
+    assert client.created == []
+    assert verify(client, "img", VerifyOptions(platform="linux/amd64"), print).platform == "linux/amd64"
+    with pytest.raises(UsageError, match="unknown platform 'arm64'"):
+        check_options(VerifyOptions(platform="arm64"))
 
 
 def test_missing_gpu_runtime_is_exit_8_with_install_hint() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from schemas import check
 from test_lock_command import BASE, PURE, UV, env, run, serve_indexes
 
 __all__ = ["env"]  # the fixture, imported for pytest
@@ -52,8 +53,13 @@ def test_x86_h100_nodes_and_a_gb200_rack_lock_in_one_run(tmp_path: Path, indexes
                                                          capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(_project(tmp_path, indexes, FLEET))
-    code, _, err = run(capsys, env, "lock")
+    code, out, err = run(capsys, env, "lock", "--json")
     assert code == 0, err
+    document = json.loads(out)
+    check("lock.schema.json", document)
+    # lock --json names each target's platform, the amd64 one's too
+    assert {t["name"]: t["platform"] for t in document["targets"]} == {"h100": "linux/amd64",
+                                                                      "gb200": "linux/arm64"}
     lock = json.loads((tmp_path / "envbuild.lock").read_text())
     h100, gb200 = lock["targets"]["h100"], lock["targets"]["gb200"]
     # the GB200's platform is inferred from its GPU; an amd64 stack records none (as before)

@@ -491,7 +491,8 @@ def test_lock_json_matches_its_schema_and_says_what_changed(tmp_path: Path, inde
     validator.validate(first)
     assert first["changed"] is True and all(f["changed"] for f in first["files"])
     assert first["targets"] == [{"name": "default", "torch": "2.13.0", "variant": "cpu",
-                                 "python": "3.11", "base_image": BASE.split("@")[0],
+                                 "python": "3.11", "platform": "linux/amd64",
+                                 "base_image": BASE.split("@")[0],
                                  "base_digest": BASE.split("@")[1], "base_pinned": True,
                                  "distributions": 3, "pylock": "pylock.toml", "sdists": [], "held_back": []}]
     assert {f["path"]: f["sha256"] for f in first["files"]} == {

@@ -106,6 +106,18 @@ def test_cpu_figures_are_measured_for_real_and_judged() -> None:
         cpu={k: verdict.value[k] for k in REF}, cores=2, gpus=0).status
 
 
+def test_host_balance_is_not_judged_under_emulation() -> None:
+    """T15: verify's container under qemu (ENVBUILD_SMOKE_EMULATED set): host balance is a skip
+    naming the emulation, never a fail for the emulator's slowness."""
+    run = runner.Run(runner.Options(tier=2, cpu_ok=True),
+                     {t2_speed.EMULATED_ENV: "linux/arm64 on a linux/amd64 host"})
+    run.torch, run.host["usable_cpus"], run.gpu_block = torch, 2, "torch is CPU-only"
+    verdict = t2_speed._check_balance(run)
+    assert verdict.status == "skip"
+    assert "under emulation (linux/arm64 on a linux/amd64 host)" in verdict.message
+    assert verdict.value == {"emulated": "linux/arm64 on a linux/amd64 host"}
+
+
 def test_sourced_peaks_judge_a_cpu_speed_on_an_a100_as_implausible() -> None:
     """W11: A100, V100, P100 rows from NVIDIA's A100 whitepaper, found by the names torch reports."""
     from envbuild.data import matrix as matrixmod

@@ -81,14 +81,21 @@ def add_commands(commands: Any) -> None:
     v.add_argument("--memory", default="16g", help="container memory limit (default 16g)")
     v.add_argument("--shm-size", default="2g", help="/dev/shm for DataLoader workers (default 2g)")
     v.add_argument("--tier", type=int, choices=range(5), metavar="N", help="smoke test tiers 0..N")
+    v.add_argument("--platform", metavar="linux/amd64|linux/arm64",
+                   help="the platform to run: a multi-arch REF@sha256:… pulls that platform's image "
+                        "(else the engine's own); an image of another platform is refused")
     v.set_defaults(run=cmd_verify)
 
     p = commands.add_parser("promote", help="tag a verified image digest in its registry")
     p.add_argument("image", metavar="REF@sha256:DIGEST", help="the pushed image, by digest")
     p.add_argument("tag", metavar="TAG", help="the tag to give that digest in the same repository")
-    p.add_argument("--verified-report", metavar="FILE",
-                   help="a passing 'verify --report' of this very digest; without it promote "
-                        "runs the smoke test itself first")
+    p.add_argument("--verified-report", metavar="FILE", action="append",
+                   help="a passing 'verify --report' of this very digest (with --multiarch: one "
+                        "for each image, any order); without it promote runs the smoke test itself first")
+    p.add_argument("--multiarch", metavar="REF@sha256:DIGEST", action="append", default=[],
+                   help="another platform's image of the same repository (build --lock --push "
+                        "prints one per target): TAG then names an OCI image index listing every "
+                        "image by digest with its platform")
     p.add_argument("--cpu-ok", action="store_true",
                    help="as verify --cpu-ok (needs --allow-cpu-report: a CPU run proves no GPU works)")
     p.add_argument("--allow-cpu-report", action="store_true",
@@ -419,7 +426,8 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
     )
 
     options = VerifyOptions(gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=args.timeout,
-                            memory=args.memory, shm_size=args.shm_size, tier=args.tier)
+                            memory=args.memory, shm_size=args.shm_size, tier=args.tier,
+                            platform=getattr(args, "platform", None))
     check_options(options)
     _check_report(args.report)
     client = connect(env, timeout=max(60.0, args.timeout + 30))
@@ -429,14 +437,15 @@ def cmd_verify(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> in
         from envbuild.registry.reference import parse_reference
 
         parse_reference(args.image)
-        pull_by_digest(client, args.image, lambda text: _err(f"    {text}"))
+        pull_by_digest(client, args.image, lambda text: _err(f"    {text}"), platform=options.platform)
     result = verify(client, args.image, options, warn)
     report = result.report or {}
     if args.report:
         # What promote --verified-report checks: which image, by digest, and the verdict.
         _write_report(args.report, {**report, "envbuild.verify": {
             "image": args.image, "digest": _digest_of(client, args.image),
-            "exit_code": result.exit_code, "cpu_ok": args.cpu_ok, "tier": args.tier}})
+            "exit_code": result.exit_code, "cpu_ok": args.cpu_ok, "tier": args.tier,
+            "platform": result.platform, "emulated": result.emulated}})
     if args.json:
         out(json.dumps(report, indent=2))
     else:
@@ -473,38 +482,77 @@ def cmd_promote(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     from envbuild.engine.publish import tag_digest
     from envbuild.registry.reference import parse_reference
 
-    ref = parse_reference(args.image)
-    if ref.digest is None:
-        raise UsageError(f"promote needs an image by digest, not {args.image!r}",
-                         hint="REF@sha256:<64 hex>, as 'build --push' prints")
+    images = [args.image, *args.multiarch]
+    digests = []
+    for image in images:
+        ref = parse_reference(image)
+        if ref.digest is None:
+            raise UsageError(f"promote needs an image by digest, not {image!r}",
+                             hint="REF@sha256:<64 hex>, as 'build --push' prints")
+        digests.append(ref.digest)
     if args.cpu_ok and not args.allow_cpu_report:
         raise UsageError("promote --cpu-ok would tag an image no GPU has run",
                          hint="verify it on a GPU, or pass --allow-cpu-report as well")
-    if args.verified_report:
-        _check_verified(Path(args.verified_report), ref.digest, allow_cpu=args.allow_cpu_report)
+    reports = [Path(r) for r in args.verified_report or ()]
+    if reports:
+        _check_verified(reports, digests, allow_cpu=args.allow_cpu_report)
     else:
-        verify_args = argparse.Namespace(
-            image=args.image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
-            shm_size="2g", tier=None, report=None, json=False)
-        # raises on any failure: nothing is tagged; with --json its summary goes to stderr
-        cmd_verify(verify_args, env, _err if args.json else out)
+        for image in images:  # raises on any failure: nothing is tagged
+            verify_args = argparse.Namespace(
+                image=image, gpus=args.gpus, cpu_ok=args.cpu_ok, timeout=600.0, memory="16g",
+                shm_size="2g", tier=None, report=None, json=False)
+            # with --json its summary goes to stderr
+            cmd_verify(verify_args, env, _err if args.json else out)
     repository = args.image.partition("@")[0]
     repository = repository.rpartition(":")[0] if _has_tag(repository) else repository
+    verified_by = ", ".join(args.verified_report or ()) or "verify run here"
+    if args.multiarch:
+        from envbuild.engine.publish import tag_index
+
+        digest, entries = tag_index(images, args.tag, env)
+        if args.json:
+            out(json.dumps({"schema": "envbuild.promote/1", "repository": repository, "digest": digest,
+                            "tag": args.tag, "verified_by": verified_by,
+                            "manifests": [{"digest": e["digest"], "platform": e["platform"]}
+                                          for e in entries]}, indent=2))
+            return 0
+        listed = ", ".join(f"{e['platform']} {e['digest']}" for e in entries)
+        out(f"promoted {repository}:{args.tag} as the image index {digest} of {listed}")
+        return 0
     digest = tag_digest(args.image, args.tag, env)
     if args.json:
         out(json.dumps({"schema": "envbuild.promote/1", "repository": repository, "digest": digest,
-                        "tag": args.tag, "verified_by": args.verified_report or "verify run here"},
-                       indent=2))
+                        "tag": args.tag, "verified_by": verified_by}, indent=2))
         return 0
     out(f"promoted {repository}@{digest} to {repository}:{args.tag}")
     return 0
 
 
-def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
+def _check_verified(paths: list[Path], digests: list[str], *, allow_cpu: bool) -> None:
+    """Each digest has a passing report on a GPU among ``paths`` (one per digest, any order)."""
+    from envbuild.errors import SmokeFailed
+
+    reports = {str(record.get("digest")): (path, data, record)
+               for path, data, record in map(_read_verified, paths)}
+    for digest in digests:
+        if digest not in reports:
+            named = ", ".join(str(p) for p in paths)
+            raise UsageError(f"--verified-report {named} verified {', '.join(reports)}, not {digest}",
+                             hint="verify the digest you promote")
+        path, data, record = reports[digest]
+        if record.get("exit_code") != 0:
+            raise SmokeFailed(f"--verified-report {path}: the smoke test of {digest} did not pass",
+                              hint="nothing was tagged")
+        if not allow_cpu and not _ran_on_a_gpu(data, record):
+            raise UsageError(f"--verified-report {path} is of a run without a GPU (verify --cpu-ok, or no "
+                             "GPU check passed): it proves nothing about the GPU",
+                             hint="verify the digest on a GPU machine, or pass --allow-cpu-report")
+
+
+def _read_verified(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     import json
 
     from envbuild.confine import read_confined
-    from envbuild.errors import SmokeFailed
 
     raw = read_confined(path, None, f"--verified-report {path}")  # never blocks on a FIFO
     try:
@@ -514,16 +562,7 @@ def _check_verified(path: Path, digest: str, *, allow_cpu: bool) -> None:
     record = data.get("envbuild.verify") if isinstance(data, dict) else None
     if not isinstance(record, dict):
         raise UsageError(f"--verified-report {path} is not a report of 'envbuild verify --report'")
-    if record.get("digest") != digest:
-        raise UsageError(f"--verified-report {path} verified {record.get('digest')}, not {digest}",
-                         hint="verify the digest you promote")
-    if record.get("exit_code") != 0:
-        raise SmokeFailed(f"--verified-report {path}: the smoke test of {digest} did not pass",
-                          hint="nothing was tagged")
-    if not allow_cpu and not _ran_on_a_gpu(data, record):
-        raise UsageError(f"--verified-report {path} is of a run without a GPU (verify --cpu-ok, or no "
-                         "GPU check passed): it proves nothing about the GPU",
-                         hint="verify the digest on a GPU machine, or pass --allow-cpu-report")
+    return path, data, record
 
 
 def _ran_on_a_gpu(report: Mapping[str, Any], record: Mapping[str, Any]) -> bool:

@@ -102,7 +102,8 @@ def lock_json(path: Path, lockset: LockSet, before: Mapping[str, bytes | None],
 def _target(name: str, lock: Lock, held: tuple[HeldBack, ...]) -> dict[str, object]:
     s = lock.stack
     return {"name": name, "torch": s.torch, "variant": s.variant, "python": s.python,
-            "base_image": lock.base_image.split("@", 1)[0], "base_digest": lock.base_digest,
+            "platform": s.platform, "base_image": lock.base_image.split("@", 1)[0],
+            "base_digest": lock.base_digest,
             "base_pinned": lock.base_digest is not None,
             "distributions": len(lock.packages),
             "pylock": None if lock.pylock is None else lock.pylock.file,

@@ -1,5 +1,6 @@
 """Images to and from a registry: push (``build --push``), pull by digest (``verify``), and
-tag a digest in place (``promote``).
+tag a digest in place (``promote``), or tag an OCI image index of one image per platform
+(``promote --multiarch``).
 
 ``promote`` copies the manifest the registry holds for ``name@sha256:…`` to ``name:TAG`` with
 the Registry HTTP API v2 (GET the manifest by digest, PUT the same bytes under the tag) through
@@ -71,8 +72,10 @@ def push_failed(ref: str, registry: str, said: str, *, via: str = "push") -> Bui
     return BuildFailed(f"{via} of {redact(ref)} failed: {text}")
 
 
-def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None]) -> None:
-    """``name@sha256:…`` into the Docker engine unless it is there already."""
+def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None],
+                   platform: str | None = None) -> None:
+    """``name@sha256:…`` into the Docker engine unless it is there already; of a multi-arch
+    digest, ``platform``'s image (linux/arm64), else the engine's own."""
     import docker.errors
 
     try:
@@ -82,7 +85,7 @@ def pull_by_digest(client: Any, ref: str, progress: Callable[[str], None]) -> No
         pass
     repository, _, digest = ref.partition("@")
     try:
-        for event in client.pull(repository, tag=digest, stream=True, decode=True):
+        for event in client.pull(repository, tag=digest, stream=True, decode=True, platform=platform):
             if "error" in event:
                 raise DataError(f"cannot pull {redact(ref)}: {str(event['error']).strip()}")
             if event.get("status") and event.get("id"):
@@ -114,3 +117,65 @@ def tag_digest(ref: str, tag: str, env: Mapping[str, str]) -> str:
 
 def _tag_ok(tag: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag, re.ASCII) is not None
+
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+_IMAGE_MANIFESTS = ("application/vnd.oci.image.manifest.v1+json",
+                    "application/vnd.docker.distribution.manifest.v2+json")
+
+
+def tag_index(refs: list[str], tag: str, env: Mapping[str, str]) -> tuple[str, list[dict[str, Any]]]:
+    """Make ``name:tag`` name an OCI image index listing each of ``refs`` (``name@sha256:…`` of
+    one repository, one image each) by digest with its platform, read from its config; the
+    index's digest and its entries. Two images of one platform, or an index among ``refs``, are
+    refused before anything is written."""
+    import hashlib
+    import json
+
+    from envbuild.registry.client import RegistryClient
+    from envbuild.registry.digest import config_platform
+
+    parsed = [parse_reference(ref) for ref in refs]
+    first = parsed[0]
+    if any(p.digest is None for p in parsed):
+        raise UsageError("a multi-arch tag lists images by digest", hint="write REF@sha256:<64 hex> for each")
+    if any((p.registry, p.name) != (first.registry, first.name) for p in parsed):
+        raise UsageError(f"the images of one multi-arch tag must be in one repository, not "
+                         f"{', '.join(sorted({redact(r.partition('@')[0]) for r in refs}))}",
+                         hint="push every target to the same REF (build --lock --push REF)")
+    if not _tag_ok(tag):
+        raise UsageError(f"invalid tag {tag!r}", hint="letters, digits, _ . -, at most 128")
+    registry = RegistryClient(first.registry, first.name, env=env, timeout=60.0, subject=redact(refs[0]))
+    entries: list[dict[str, Any]] = []
+    for ref, p in zip(refs, parsed, strict=True):
+        wanted = p.digest or ""  # every one named a digest (checked above)
+        reply = registry.manifest("GET", wanted)
+        media = reply.headers.get("Content-Type", "").split(";")[0].strip()
+        if f"sha256:{hashlib.sha256(reply.body).hexdigest()}" != wanted:
+            raise DataError(f"registry served {redact(ref)} with other bytes than its digest",
+                            hint="the registry or a proxy in between is broken")
+        try:
+            manifest = json.loads(reply.body)
+        except (UnicodeDecodeError, ValueError):
+            manifest = None
+        if media not in _IMAGE_MANIFESTS or not isinstance(manifest, dict):
+            raise UsageError(f"{redact(ref)} is no single image ({server_text(media, 80) or 'no type'})",
+                             hint="list each platform's own image, as build --push printed it")
+        platform = config_platform(registry, redact(ref), manifest)
+        if any(e["platform"] == platform for e in entries):
+            raise UsageError(f"two images for {server_text(platform, 60)} in one multi-arch tag",
+                             hint="give one image per platform")
+        entries.append({"mediaType": media, "digest": wanted, "size": len(reply.body),
+                        "platform": platform})
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": e["mediaType"], "digest": e["digest"], "size": e["size"],
+         "platform": {"architecture": e["platform"].partition("/")[2],
+                      "os": e["platform"].partition("/")[0]}}
+        for e in entries]}
+    body = json.dumps(index, indent=2).encode("utf-8")
+    digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
+    stored = registry.manifest("PUT", tag, data=body, content_type=OCI_INDEX)
+    if stored.headers.get("Docker-Content-Digest", digest) != digest:
+        raise DataError(f"registry stored the index for {tag} as "
+                        f"{server_text(stored.headers['Docker-Content-Digest'], 80)}, not {digest}")
+    return digest, entries

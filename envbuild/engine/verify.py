@@ -15,6 +15,8 @@ from typing import Any
 
 from envbuild.engine.daemon import LABEL, LOG_TAIL, api_message
 from envbuild.errors import GpuRuntimeMissing, SmokeFailed, UsageError
+from envbuild.resolver.model import PLATFORMS
+from envbuild.smoke.t2_speed import EMULATED_ENV  # the payload then judges no speed
 
 SMOKE_COMMAND = ("/opt/venv/bin/python", "/opt/envbuild/smoke.py",
                  "--lock", "/opt/envbuild/envbuild.lock", "--json")
@@ -31,6 +33,7 @@ class VerifyOptions:
     memory: str = "16g"
     shm_size: str = "2g"
     tier: int | None = None
+    platform: str | None = None  # linux/amd64 | linux/arm64: the image must be of it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +42,8 @@ class VerifyResult:
     report: dict[str, Any] | None
     gpus_requested: bool
     stderr: str
+    platform: str | None = None  # the image's, linux/arm64: run as exactly this architecture
+    emulated: str | None = None  # "linux/arm64 on a linux/amd64 host" when the engine emulates it
 
 
 def check_options(options: VerifyOptions) -> None:
@@ -50,6 +55,8 @@ def check_options(options: VerifyOptions) -> None:
         raise UsageError("--timeout must be positive")
     parse_size(options.memory, "--memory")
     parse_size(options.shm_size, "--shm-size")
+    if options.platform is not None and options.platform not in PLATFORMS:
+        raise UsageError(f"unknown platform {options.platform!r}", hint=f"use {' or '.join(PLATFORMS)}")
 
 
 def parse_size(text: str, flag: str) -> int:
@@ -86,20 +93,51 @@ def verify(client: Any, image: str, options: VerifyOptions,
     labels = (config.get("Config") or {}).get("Labels") or {}
     if "dev.envbuild.torch" not in labels:
         raise UsageError(f"image {image!r} was not built by envbuild (no dev.envbuild labels)")
+    platform = image_platform(config)
+    if options.platform is not None and platform != options.platform:
+        found = platform or "of no recorded platform"
+        raise UsageError(f"image {image!r} is {found}, not {options.platform}",
+                         hint="verify the image built for that platform (a multi-arch REF@sha256:… "
+                              "not yet pulled is pulled for it)")
+    host = engine_platform(client)
+    emulated = f"{platform} on a {host} host" if platform and host and platform != host else None
+    if emulated:
+        warn(f"image {image} is {platform}, this Docker engine {host}: the smoke test runs under "
+             "emulation (qemu); its speed and host balance are not judged")
     command = [*SMOKE_COMMAND, *(["--cpu-ok"] if options.cpu_ok else []),
                *(["--tier", str(options.tier)] if options.tier is not None else [])]
     gpus = options.gpus
     try:
-        return _run(client, image, command, gpus, options)
+        return _run(client, image, command, gpus, options, platform, emulated)
     except GpuRuntimeMissing as exc:
         if not options.cpu_ok or gpus == "none" or "driver too old" in exc.message:
             raise
         warn(f"{exc.message}; --cpu-ok: running without GPUs")
-        return _run(client, image, command, "none", options)
+        return _run(client, image, command, "none", options, platform, emulated)
 
 
-def _run(client: Any, image: str, command: list[str], gpus: str,
-         options: VerifyOptions) -> VerifyResult:
+def image_platform(config: Mapping[str, Any]) -> str | None:
+    """``os/architecture`` of an inspected image's config (linux/arm64), None when it names none."""
+    os_name, arch = config.get("Os"), config.get("Architecture")
+    if not (isinstance(os_name, str) and isinstance(arch, str) and os_name and arch):
+        return None
+    return f"{os_name}/{arch}"
+
+
+def engine_platform(client: Any) -> str | None:
+    """The Docker engine's own ``os/architecture`` (its version's Os and Arch: linux/amd64)."""
+    import docker.errors
+
+    try:
+        version = client.version()
+    except docker.errors.APIError:
+        return None
+    os_name, arch = version.get("Os"), version.get("Arch")
+    return f"{os_name}/{arch}" if isinstance(os_name, str) and isinstance(arch, str) else None
+
+
+def _run(client: Any, image: str, command: list[str], gpus: str, options: VerifyOptions,
+         platform: str | None, emulated: str | None) -> VerifyResult:
     import docker.errors
     import requests.exceptions
 
@@ -108,8 +146,11 @@ def _run(client: Any, image: str, command: list[str], gpus: str,
         device_requests=_device_requests(gpus), network_mode="none", mem_limit=memory,
         memswap_limit=memory,  # no swap: an overrun is an OOM kill, not a crawl
         shm_size=parse_size(options.shm_size, "--shm-size"))
+    # The image's platform, given: a multi-arch name never runs another architecture's manifest.
     container = client.create_container(image, command=command, host_config=host,
-                                        labels={LABEL: "verify"}, network_disabled=True)
+                                        labels={LABEL: "verify"}, network_disabled=True,
+                                        platform=platform,
+                                        environment={EMULATED_ENV: emulated} if emulated else None)
     cid = container["Id"]
     try:
         try:
@@ -133,8 +174,10 @@ def _run(client: Any, image: str, command: list[str], gpus: str,
         if report is None:
             raise SmokeFailed(f"smoke test exited {code} without a report",
                               details=tuple((stderr or stdout).splitlines()[-LOG_TAIL:]))
+        if emulated and isinstance(report.get("host"), dict):  # an older payload's report too
+            report["host"]["emulated"] = emulated
         return VerifyResult(exit_code=code, report=report, gpus_requested=gpus != "none",
-                            stderr=stderr)
+                            stderr=stderr, platform=platform, emulated=emulated)
     finally:
         with contextlib.suppress(docker.errors.APIError):
             client.remove_container(cid, force=True)

@@ -70,7 +70,7 @@ def image_digest(
     return _checked(client, reference, digest)
 
 
-_INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
 
 
@@ -80,7 +80,7 @@ def _platform_digest(client: RegistryClient, reference: str, platform: str) -> s
     os_name, _, arch = platform.partition("/")
     reply = client.manifest("GET", parse_reference(reference).tag)
     manifest = _json(client, reference, reply.body)
-    if manifest.get("mediaType") in _INDEX_TYPES or isinstance(manifest.get("manifests"), list):
+    if manifest.get("mediaType") in INDEX_TYPES or isinstance(manifest.get("manifests"), list):
         offered = []
         for entry in manifest.get("manifests") or ():
             where = entry.get("platform") if isinstance(entry, dict) else None
@@ -93,25 +93,32 @@ def _platform_digest(client: RegistryClient, reference: str, platform: str) -> s
                         f"{server_text(', '.join(offered) or 'none', 120)})",
                         hint="use a base image published for that platform" + NO_REGISTRY_HINT)
     digest = _digest_of_body(client, reference, reply)
-    config = manifest.get("config")
-    blob = config.get("digest") if isinstance(config, dict) else None
-    if not isinstance(blob, str) or not DIGEST_RE.fullmatch(blob):
-        raise DataError(f"{client.origin} answered for {reference} with a manifest without a config",
-                        hint="the registry or a proxy in between is broken" + NO_REGISTRY_HINT)
-    answer = client.request("GET", f"/{client.name}/blobs/{blob}", {},
-                            scope=f"repository:{client.name}:pull")
-    if answer.status != 200 or hashlib.sha256(answer.body).hexdigest() != blob.split(":", 1)[1]:
-        raise DataError(f"cannot read the config of {reference} ({client.origin} answered {answer.status})",
-                        hint="the registry or a proxy in between is broken" + NO_REGISTRY_HINT)
-    image = _json(client, reference, answer.body, schema=False)
-    found = f"{image.get('os')}/{image.get('architecture')}"
+    found = config_platform(client, reference, manifest, NO_REGISTRY_HINT)
     if found != platform:
         raise DataError(f"{reference} is a {server_text(found, 60)} image, not {platform}",
                         hint="use a base image published for that platform" + NO_REGISTRY_HINT)
     return digest
 
 
-def _json(client: RegistryClient, reference: str, body: bytes, *, schema: bool = True) -> dict[str, Any]:
+def config_platform(client: RegistryClient, reference: str, manifest: Mapping[str, Any],
+                    tail: str = "") -> str:
+    """``os/architecture`` of one image manifest, read from its config blob (sha256 checked)."""
+    config = manifest.get("config")
+    blob = config.get("digest") if isinstance(config, dict) else None
+    if not isinstance(blob, str) or not DIGEST_RE.fullmatch(blob):
+        raise DataError(f"{client.origin} answered for {reference} with a manifest without a config",
+                        hint="the registry or a proxy in between is broken" + tail)
+    answer = client.request("GET", f"/{client.name}/blobs/{blob}", {},
+                            scope=f"repository:{client.name}:pull")
+    if answer.status != 200 or hashlib.sha256(answer.body).hexdigest() != blob.split(":", 1)[1]:
+        raise DataError(f"cannot read the config of {reference} ({client.origin} answered {answer.status})",
+                        hint="the registry or a proxy in between is broken" + tail)
+    image = _json(client, reference, answer.body, schema=False, tail=tail)
+    return f"{image.get('os')}/{image.get('architecture')}"
+
+
+def _json(client: RegistryClient, reference: str, body: bytes, *, schema: bool = True,
+          tail: str = NO_REGISTRY_HINT) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, ValueError):
@@ -119,7 +126,7 @@ def _json(client: RegistryClient, reference: str, body: bytes, *, schema: bool =
     if not isinstance(document, dict) or (schema and document.get("schemaVersion") != 2):
         raise DataError(f"{client.origin} answered for {reference} with something that is not an "
                         "image manifest",
-                        hint="the registry or a proxy in between is broken" + NO_REGISTRY_HINT)
+                        hint="the registry or a proxy in between is broken" + tail)
     return document
 
 
