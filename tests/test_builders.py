@@ -12,6 +12,7 @@ import re
 import signal
 import stat
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,10 @@ time.sleep(60)
 
     def interrupt(event: buildmod.BuildEvent) -> None:
         if event.kind == "step":  # the program is running: Ctrl-C reaches envbuild alone
-            os.kill(os.getpid(), signal.SIGINT)
+            # to the main thread, as a Ctrl-C reaches the command's only thread: os.kill of the
+            # process may be taken by another thread (pytest-xdist's I/O thread), and the main
+            # thread then sleeps in its read of the program's output until the program ends
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

@@ -171,7 +171,7 @@ def test_detect_from_saved_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_detect_from_missing_file_is_usage(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "detect", "--from", "/nonexistent/smi.txt")
     assert code == 2
-    assert err.startswith("envbuild: error[usage]: cannot read /nonexistent/smi.txt")
+    assert err.startswith("envbuild: error[usage]: --from /nonexistent/smi.txt does not exist — ")
 
 
 def test_json_is_stable(capsys: pytest.CaptureFixture[str]) -> None:

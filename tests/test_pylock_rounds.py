@@ -44,14 +44,18 @@ def runs(log: Path) -> list[list[str]]:
 
 def test_the_torch_layer_comes_from_the_cache_the_closure_filled(index: Index, uv_env: dict[str, str],  # noqa: F811
                                                                  tmp_path: Path) -> None:
-    """One run of uv reads the index: the closure's. The torch layer's run (constrained to the
-    closure) answers from the cache that run has just brought up to date."""
+    """One wheels-only run of uv reads the index: the closure's (beside it, the survey that may
+    take sdists, envbuild/pylock/sourceonly.py, asks the index too: a newer sdist-only release
+    is no downgrade only the cache can rule out). The torch layer's run (constrained to the
+    closure) answers from the cache the closure's run has just brought up to date."""
     uv, log = recording_uv(tmp_path)
     closure = compile_closure(spec(index, {**uv_env, "ENVBUILD_NO_CACHE": "1"}, uv=uv))
     assert closure.torch_layer == frozenset({"torch", "filelock", "sympy", "mpmath"})
     online = [r for r in runs(log) if "compile" in r and "--offline" not in r]
     layer = [r for r in runs(log) if "--constraints" in r]
-    assert len(online) == 1 and "--generate-hashes" in online[0]
+    closure_runs = [r for r in online if "--only-binary" in r]
+    assert len(closure_runs) == 1 and "--generate-hashes" in closure_runs[0]
+    assert len(online) == 2 and "--only-binary" not in next(r for r in online if r not in closure_runs)
     assert len(layer) == 1 and "--offline" in layer[0]
 
 
