@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_lock_command import run  # one way a test runs the command in-process
 
-from envbuild.commands.cli import main
 from envbuild.errors import UsageError
 from envbuild.pylock.cutoff import format_instant, parse_cutoff
 from envbuild.pylock.files import read_pylock
@@ -111,12 +111,6 @@ def project(directory: Path, url: str, *, extra: str = "", deps: str = '["six"]'
         f'base-image = "{BASE}"\ntorch-index-url = "{url}/{torch}/simple"\n'
         f'index-url = "{url}/default/simple"\ndependencies = {deps}\n{extra}')
     return directory
-
-
-def run(capsys: pytest.CaptureFixture[str], env: dict[str, str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv), env=env)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def target(directory: Path) -> dict[str, Any]:
