@@ -3,14 +3,16 @@ to the image, against a real registry (Debian's ``docker-registry`` 2.8 on 127.0
 referrers API: it answers ``GET /v2/<name>/referrers/<digest>`` with 404 and sets no ``OCI-Subject``,
 so the artifact must be found through the referrers tag schema). The images are written through
 the registry's API (tests/test_promote_multiarch.py), labelled as the lock's build labels them.
-docs/faults.md J27, J28."""
+docs/faults.md J27–J29."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import shutil
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -188,3 +190,121 @@ def test_attach_refuses_what_is_not_the_targets_image_and_lists_nothing(
     assert f"the tag {referrers_tag(good)} of" in err and "holds no image index of referrers" in err
     status, _, body = _get(host, name, f"manifests/{referrers_tag(good)}")
     assert status == 200 and f"sha256:{hashlib.sha256(body).hexdigest()}" == squatter
+
+
+class ReferrersRegistry:
+    """A stand-in registry that has the referrers API (none is installed here): blobs, manifests by
+    digest or tag, ``OCI-Subject`` on the PUT of a manifest with a subject, and
+    ``GET /v2/<name>/referrers/<digest>`` listing them; relative upload locations. ``tags`` records
+    every tag a client PUT."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[str, bytes]] = {}
+        self.tags: list[str] = []
+
+    def store(self, data: bytes, media: str | None = None, tag: str | None = None) -> str:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        if media is None:
+            self.blobs[digest] = data
+        else:
+            self.manifests[digest] = (media, data)
+            if tag is not None:
+                self.manifests[tag] = (media, data)
+                self.tags.append(tag)
+        return digest
+
+    def handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def answer(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                kind, _, ref = path.removeprefix("/v2/ml/api/").partition("/")
+                if path == "/v2/":
+                    self.answer(200, b"{}")
+                elif kind == "blobs" and ref in registry.blobs:
+                    self.answer(200, registry.blobs[ref])
+                elif kind == "manifests" and ref in registry.manifests:
+                    media, body = registry.manifests[ref]
+                    said = f"sha256:{hashlib.sha256(body).hexdigest()}"
+                    self.answer(200, body, {"Content-Type": media, "Docker-Content-Digest": said})
+                elif kind == "referrers":
+                    listed = []
+                    for key, (media, body) in sorted(registry.manifests.items()):
+                        manifest = json.loads(body)
+                        if key.startswith("sha256:") and manifest.get("subject", {}).get("digest") == ref:
+                            listed.append({"mediaType": media, "digest": key, "size": len(body),
+                                           "artifactType": manifest["artifactType"],
+                                           "annotations": manifest.get("annotations", {})})
+                    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": listed}
+                    self.answer(200, json.dumps(index).encode(), {"Content-Type": OCI_INDEX})
+                else:
+                    self.answer(404)
+
+            do_HEAD = do_GET
+
+            def do_POST(self) -> None:
+                self.answer(202, headers={"Location": "/v2/ml/api/blobs/uploads/one?_state=x"})
+
+            def do_PUT(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                path, _, query = self.path.partition("?")
+                if "/blobs/uploads/" in path:
+                    assert query.startswith("_state=x&digest=")
+                    self.answer(201, headers={"Location": "/v2/ml/api/blobs/" + registry.store(body)})
+                    return
+                ref = path.rpartition("/")[2]
+                digest = registry.store(body, self.headers["Content-Type"],
+                                        None if ref.startswith("sha256:") else ref)
+                subject = json.loads(body).get("subject")
+                headers = {"Docker-Content-Digest": digest}
+                if subject:
+                    headers["OCI-Subject"] = subject["digest"]
+                self.answer(201, headers=headers)
+
+        return Handler
+
+
+def test_a_registry_with_the_referrers_api_lists_the_sbom_itself(
+        tmp_path: Path, served: Served, env: dict[str, str],  # noqa: F811 (the fixtures)
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """J29: the push answered with OCI-Subject: no referrers tag is written; the referrers API
+    lists the artifact, with its artifactType and annotations."""
+    monkeypatch.chdir(project(tmp_path, served.url))
+    assert run(capsys, env, "lock")[0] == 0
+    registry = ReferrersRegistry()
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Labels": _lock_labels(tmp_path)}}).encode()
+    image = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                   "digest": registry.store(config), "size": len(config)},
+                        "layers": []}).encode()
+    digest = registry.store(image, OCI_MANIFEST, "gpu")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), registry.handler())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        ref = f"{host}/ml/api@{digest}"
+        code, out, err = run(capsys, env, "sbom", "--lock", "envbuild.lock", "--attach", ref)
+        assert code == 0 and "the registry's referrers API lists it" in out, err
+        assert registry.tags == ["gpu"]  # no sha256-<hex> tag was written
+        (entry,), via = referrers(RegistryClient(host, "ml/api", env={}), digest, CYCLONEDX)
+        assert via == "api" and entry["annotations"] == {"dev.envbuild.target": "default"}
+        layer = json.loads(registry.manifests[entry["digest"]][1])["layers"][0]["digest"]
+        assert registry.blobs[layer] == (tmp_path / "sbom.default.cdx.json").read_bytes()
+    finally:
+        server.shutdown()
+        server.server_close()
