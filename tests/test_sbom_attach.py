@@ -164,6 +164,9 @@ def test_attach_refuses_what_is_not_the_targets_image_and_lists_nothing(
         return err
 
     assert "needs the image by digest" in refused(f"{host}/{name}:good")
+    code, out, err = run(capsys, env, "sbom", "--lock", "envbuild.lock", "--stdout",
+                         "--attach", f"{host}/{name}@{good}")
+    assert code == 2 and out == "" and "it writes the file, not --stdout" in err
     missing = "sha256:" + "0" * 64
     assert f"has no manifest {missing}" in refused(f"{host}/{name}@{missing}")
     other_torch = push_tiny_image(host, name, "amd64", {**labels, "dev.envbuild.torch": "2.12.0"}, tag="t")
