@@ -63,11 +63,20 @@ def cmd_sbom(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     directory = Path(args.output_dir) if args.output_dir else lock_path.absolute().parent
     if not args.stdout and not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
-    target = _attach_target(args.attach, lockset.targets[names[0]], env) if args.attach else None
-    image = target[0].subject if target is not None else None  # the document names the image
+    image = None
+    if args.attach is not None:  # the document names the image it is attached to
+        from envbuild.redact import redact
+        from envbuild.registry.reference import parse_reference
+
+        if parse_reference(args.attach).digest is None:
+            raise UsageError(f"--attach needs the image by digest, not {redact(args.attach)!r}",
+                             hint="write REF@sha256:<64 hex>, as build --push printed it")
+        image = redact(args.attach)
     documents = {name: sbom_text(name, lockset.targets[name], lock_path.absolute().parent, env=env,
                                  image=image)
                  for name in names}
+    # Asked of the registry once the lock is seen to list a closure, before anything is written.
+    target = _attach_target(args.attach, lockset.targets[names[0]], env) if args.attach else None
     if args.stdout:
         out(documents[names[0]].rstrip("\n"))
         return 0
@@ -86,7 +95,7 @@ def _attach_target(ref: str, lock: Any, env: Mapping[str, str]) -> tuple[Registr
     """The registry client for ``ref`` and its image's descriptor, once its digest is seen to
     name, in its registry, an image whose config agrees with ``lock`` (platform, envbuild's
     labels: envbuild/sbom/image.py); UsageError if not."""
-    from envbuild.redact import redact
+    from envbuild.redact import redact, server_text
     from envbuild.registry.client import RegistryClient
     from envbuild.registry.digest import image_config
     from envbuild.registry.reference import parse_reference
@@ -94,17 +103,15 @@ def _attach_target(ref: str, lock: Any, env: Mapping[str, str]) -> tuple[Registr
     from envbuild.sbom.image import differences
 
     parsed = parse_reference(ref)
-    if parsed.digest is None:
-        raise UsageError(f"--attach needs the image by digest, not {redact(ref)!r}",
-                         hint="write REF@sha256:<64 hex>, as build --push printed it")
+    digest = parsed.digest or ""  # checked by cmd_sbom
     client = RegistryClient(parsed.registry, parsed.name, env=env, timeout=60.0, subject=redact(ref))
-    found = read_manifest(client, parsed.digest)
+    found = read_manifest(client, digest)
     if found is None:
-        raise UsageError(f"{redact(ref)}: the registry has no manifest {parsed.digest} in {parsed.name}",
+        raise UsageError(f"{redact(ref)}: the registry has no manifest {digest} in {parsed.name}",
                          hint="attach to the digest build --push printed for this target")
     subject, manifest = found
     if subject.media_type not in IMAGE_MANIFESTS:
-        raise UsageError(f"{redact(ref)} is no single image ({subject.media_type[:80]})",
+        raise UsageError(f"{redact(ref)} is no single image ({server_text(subject.media_type, 80)})",
                          hint="attach to the target's own image, as build --push printed it")
     problems = differences(image_config(client, redact(ref), manifest), lock)
     if problems:
