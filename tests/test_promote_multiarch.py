@@ -47,9 +47,10 @@ def _blob(host: str, name: str, data: bytes) -> str:
     return digest
 
 
-def push_tiny_image(host: str, name: str, arch: str) -> str:
-    """An image of one layer (one file naming ``arch``) whose config says linux/``arch``; the
-    digest of its manifest."""
+def push_tiny_image(host: str, name: str, arch: str, labels: dict[str, str] | None = None,
+                    tag: str | None = None) -> str:
+    """An image of one layer (one file naming ``arch``) whose config says linux/``arch`` (and
+    carries ``labels``), tagged ``tag`` (default: ``arch``); the digest of its manifest."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
         body = f"built for {arch}\n".encode()
@@ -57,7 +58,7 @@ def push_tiny_image(host: str, name: str, arch: str) -> str:
         info.size, info.mtime = len(body), 0
         tar.addfile(info, io.BytesIO(body))
     layer = gzip.compress(raw.getvalue(), mtime=0)
-    config = json.dumps({"architecture": arch, "os": "linux", "config": {},
+    config = json.dumps({"architecture": arch, "os": "linux", "config": {"Labels": labels} if labels else {},
                          "rootfs": {"type": "layers",
                                     "diff_ids": [f"sha256:{hashlib.sha256(raw.getvalue()).hexdigest()}"]}
                          }).encode()
@@ -67,8 +68,8 @@ def push_tiny_image(host: str, name: str, arch: str) -> str:
                    "digest": _blob(host, name, config), "size": len(config)},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                     "digest": _blob(host, name, layer), "size": len(layer)}]}).encode()
-    put = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{arch}", method="PUT", data=manifest,
-                                 headers={"Content-Type": OCI_MANIFEST})
+    put = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag or arch}", method="PUT",
+                                 data=manifest, headers={"Content-Type": OCI_MANIFEST})
     with OPENER.open(put) as reply:
         digest = reply.headers["Docker-Content-Digest"]
     assert digest == f"sha256:{hashlib.sha256(manifest).hexdigest()}"

@@ -238,6 +238,29 @@ def test_a_tls_registry_with_a_login_gives_the_digest_and_promote_tags_it(
     assert image_digest(f"{host}/envbuild/tiny:gpu-ok", env=env, certs_d=certs_d) == digest
 
 
+def test_an_sbom_is_attached_to_a_tls_registry_with_a_login(
+        tls_registry: tuple[str, str], tls_files: tuple[Path, Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/faults.md J27 over https with Basic auth: the blob uploads, the artifact manifest and the
+    referrers tag's index all go through the one client's login; read back with it; no secret logged."""
+    from envbuild.registry.referrers import attach, read_manifest, referrers, referrers_tag
+
+    host, digest = tls_registry
+    monkeypatch.setattr("envbuild.registry.client.CERTS_D", certs_d_for(host, tls_files[2], tmp_path / "c"))
+    logged: list[str] = []
+    env = docker_config(tmp_path / "cfg", host)
+    client = RegistryClient(host, "envbuild/tiny", env=env, log=logged.append)
+    found = read_manifest(client, digest)
+    assert found is not None and found[0].media_type == DOCKER_V2
+    done = attach(client, found[0], b'{"bomFormat": "CycloneDX"}',
+                  artifact_type="application/vnd.cyclonedx+json", annotations={}, title="sbom.json")
+    assert (done.via, done.tag, done.listed_before) == ("tag", referrers_tag(digest), False)
+    (entry,), via = referrers(client, digest)
+    assert via == "tag" and entry["digest"] == done.artifact.digest and "annotations" not in entry
+    assert client.endpoint.bases[0].startswith("https:") and client.base.startswith("https:")
+    assert not any(SECRET in line for line in logged)
+
+
 def test_a_tls_registry_through_a_credential_helper(tls_registry: tuple[str, str],
                                                     tls_files: tuple[Path, Path, Path], tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,10 @@
 (envbuild/sbom/cyclonedx.py), from the lock, its pylock files and what ``build --lock`` recorded
 beside them (the Debian packages, envbuild.debs.json; the built extension wheels,
 envbuild.built.json). Written atomically as ``sbom.TARGET.cdx.json`` in ``-o DIR`` (default: the
-lock's directory); ``--stdout`` prints the one target's document instead."""
+lock's directory); ``--stdout`` prints the one target's document instead. ``--attach
+REF@sha256:…`` also pushes the target's document to the image's registry as an OCI artifact
+referring to that image (envbuild/registry/referrers.py), once the image is seen to be the
+target's (envbuild/sbom/image.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +15,15 @@ from collections.abc import Mapping
 from envbuild.commands.options import Out, warn
 from envbuild.errors import UsageError
 
+CYCLONEDX_JSON = "application/vnd.cyclonedx+json"  # the document's IANA media type, the artifact's type
+
 TYPE_CHECKING = False  # typing is not imported at run time: `envbuild COMMAND --help` stays cheap
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
+
+    from envbuild.registry.client import RegistryClient
+    from envbuild.registry.referrers import Descriptor
 
 
 def add_commands(commands: Any) -> None:
@@ -26,6 +34,9 @@ def add_commands(commands: Any) -> None:
                    help="where sbom.TARGET.cdx.json goes (default: the lock's directory)")
     p.add_argument("--stdout", action="store_true",
                    help="print the one target's document instead of writing it")
+    p.add_argument("--attach", metavar="REF@sha256:DIGEST",
+                   help="also push the document to the image's registry, attached to that image "
+                        "(OCI referrers; the tag sha256-HEX where the registry has no referrers API)")
     p.set_defaults(run=cmd_sbom)
 
 
@@ -41,14 +52,31 @@ def cmd_sbom(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         names = [lockset.select(args.target)[0]]
     else:
         names = sorted(lockset.targets)
+    if args.attach is not None and (args.stdout or len(names) != 1):
+        raise UsageError("--attach pushes one target's document to its image: "
+                         + ("it writes the file, not --stdout" if args.stdout else
+                            f"the lock holds {len(names)} targets"),
+                         hint="choose one with --target NAME" if not args.stdout else "drop --stdout")
     if args.stdout and len(names) != 1:
         raise UsageError(f"--stdout prints one document: the lock holds {len(names)} targets",
                          hint="choose one with --target NAME")
     directory = Path(args.output_dir) if args.output_dir else lock_path.absolute().parent
     if not args.stdout and not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
-    documents = {name: sbom_text(name, lockset.targets[name], lock_path.absolute().parent, env=env)
+    image = None
+    if args.attach is not None:  # the document names the image it is attached to
+        from envbuild.redact import redact
+        from envbuild.registry.reference import parse_reference
+
+        if parse_reference(args.attach).digest is None:
+            raise UsageError(f"--attach needs the image by digest, not {redact(args.attach)!r}",
+                             hint="write REF@sha256:<64 hex>, as build --push printed it")
+        image = redact(args.attach)
+    documents = {name: sbom_text(name, lockset.targets[name], lock_path.absolute().parent, env=env,
+                                 image=image)
                  for name in names}
+    # Asked of the registry once the lock is seen to list a closure, before anything is written.
+    target = _attach_target(args.attach, lockset.targets[names[0]], env) if args.attach else None
     if args.stdout:
         out(documents[names[0]].rstrip("\n"))
         return 0
@@ -58,7 +86,49 @@ def cmd_sbom(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     replace_files(files)
     for path in sorted(files):
         out(f"wrote {path}")
+    if target is not None:
+        _attach(*target, names[0], documents[names[0]].encode("utf-8"), out)
     return 0
+
+
+def _attach_target(ref: str, lock: Any, env: Mapping[str, str]) -> tuple[RegistryClient, Descriptor]:
+    """The registry client for ``ref`` and its image's descriptor, once its digest is seen to
+    name, in its registry, an image whose config agrees with ``lock`` (platform, envbuild's
+    labels: envbuild/sbom/image.py); UsageError if not."""
+    from envbuild.redact import redact, server_text
+    from envbuild.registry.client import RegistryClient
+    from envbuild.registry.digest import image_config
+    from envbuild.registry.reference import parse_reference
+    from envbuild.registry.referrers import IMAGE_MANIFESTS, read_manifest
+    from envbuild.sbom.image import differences
+
+    parsed = parse_reference(ref)
+    digest = parsed.digest or ""  # checked by cmd_sbom
+    client = RegistryClient(parsed.registry, parsed.name, env=env, timeout=60.0, subject=redact(ref))
+    found = read_manifest(client, digest)
+    if found is None:
+        raise UsageError(f"{redact(ref)}: the registry has no manifest {digest} in {parsed.name}",
+                         hint="attach to the digest build --push printed for this target")
+    subject, manifest = found
+    if subject.media_type not in IMAGE_MANIFESTS:
+        raise UsageError(f"{redact(ref)} is no single image ({server_text(subject.media_type, 80)})",
+                         hint="attach to the target's own image, as build --push printed it")
+    problems = differences(image_config(client, redact(ref), manifest), lock)
+    if problems:
+        raise UsageError(f"{redact(ref)} is not the image this target describes: {'; '.join(problems)}",
+                         hint="attach to the image build --lock pushed for this target")
+    return client, subject
+
+
+def _attach(client: RegistryClient, subject: Descriptor, name: str, document: bytes, out: Out) -> None:
+    from envbuild.registry.referrers import attach
+
+    done = attach(client, subject, document, artifact_type=CYCLONEDX_JSON,
+                  annotations={"dev.envbuild.target": name}, title=f"sbom.{name}.cdx.json")
+    where = ("the registry's referrers API lists it" if done.via == "api" else
+             f"listed in the tag {done.tag} (the referrers tag schema: this registry has no referrers API)"
+             + ("; it was listed already" if done.listed_before else ""))
+    out(f"attached sbom.{name}.cdx.json to {client.subject} as {done.artifact.digest}: {where}")
 
 
 def sbom_text(name: str, lock: Any, lock_dir: Path, *, env: Mapping[str, str],

@@ -98,7 +98,8 @@ class RegistryClient:
 
     def manifest(self, method: str, reference: str, *, data: bytes | None = None,
                  content_type: str = "", allow: frozenset[int] = frozenset()) -> Reply:
-        """HEAD, GET or PUT ``/v2/<name>/manifests/<reference>``; 401, 403 and 404 are errors."""
+        """HEAD, GET or PUT ``/v2/<name>/manifests/<reference>``; 401, 403 and 404 are errors
+        (404 is answered as it is where ``allow`` holds it)."""
         headers = {"Content-Type": content_type} if data is not None else {"Accept": ACCEPT}
         actions = "pull,push" if method == "PUT" else "pull"
         reply = self.request(method, f"/{self.name}/manifests/{reference}", headers, data=data,
@@ -107,7 +108,7 @@ class RegistryClient:
             raise DataError(f"the registry refused {self.subject} ({self.origin} answered 403)",
                             hint=f"check the name and your access to it; {login_hint(self.endpoint.host)}"
                                  + self.tail)
-        if reply.status == 404:
+        if reply.status == 404 and 404 not in allow:
             raise DataError(f"no such image or tag: {self.subject} ({self.name}:{reference} not found "
                             f"at {self.origin})",
                             hint="check the name and tag (a deleted tag needs another base image)"

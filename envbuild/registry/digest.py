@@ -103,6 +103,13 @@ def _platform_digest(client: RegistryClient, reference: str, platform: str) -> s
 def config_platform(client: RegistryClient, reference: str, manifest: Mapping[str, Any],
                     tail: str = "") -> str:
     """``os/architecture`` of one image manifest, read from its config blob (sha256 checked)."""
+    image = image_config(client, reference, manifest, tail)
+    return f"{image.get('os')}/{image.get('architecture')}"
+
+
+def image_config(client: RegistryClient, reference: str, manifest: Mapping[str, Any],
+                 tail: str = "") -> dict[str, Any]:
+    """The config blob of one image manifest as JSON (its sha256 checked): platform, labels."""
     config = manifest.get("config")
     blob = config.get("digest") if isinstance(config, dict) else None
     if not isinstance(blob, str) or not DIGEST_RE.fullmatch(blob):
@@ -113,8 +120,7 @@ def config_platform(client: RegistryClient, reference: str, manifest: Mapping[st
     if answer.status != 200 or hashlib.sha256(answer.body).hexdigest() != blob.split(":", 1)[1]:
         raise DataError(f"cannot read the config of {reference} ({client.origin} answered {answer.status})",
                         hint="the registry or a proxy in between is broken" + tail)
-    image = _json(client, reference, answer.body, schema=False, tail=tail)
-    return f"{image.get('os')}/{image.get('architecture')}"
+    return _json(client, reference, answer.body, schema=False, tail=tail)
 
 
 def _json(client: RegistryClient, reference: str, body: bytes, *, schema: bool = True,

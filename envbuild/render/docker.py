@@ -279,8 +279,16 @@ def base_os(lock: Lock, found: str | None = None) -> str:
 def labels(lock: Lock, provenance: Provenance | None = None,
            found_os: str | None = None) -> list[tuple[str, str]]:
     """The image's labels, quoted: the OCI set and envbuild's own. A value that is not known
-    is left out, never written empty. ``version`` is the packaged software's: torch's version
-    and wheel variant (as PyTorch's own local versions, 2.4.1+cu121)."""
+    is left out, never written empty."""
+    values = label_values(lock, provenance, found_os)
+    return [(key, quote(values[key])) for key in sorted(values) if values[key]]
+
+
+def label_values(lock: Lock, provenance: Provenance | None = None,
+                 found_os: str | None = None) -> dict[str, str]:
+    """Every label the image of ``lock`` gets, unquoted; "" for one it does not get (a value
+    not known). ``version`` is the packaged software's: torch's version and wheel variant (as
+    PyTorch's own local versions, 2.4.1+cu121). ``sbom --attach`` compares an image's with these."""
     s = lock.stack
     p = provenance or Provenance()
     values = {
@@ -311,9 +319,8 @@ def labels(lock: Lock, provenance: Provenance | None = None,
         # Only an opt-out is recorded: the smoke test reads ENVBUILD_COMPILE_TOOLCHAIN, people this.
         "dev.envbuild.compile-toolchain": "" if lock.compile_toolchain else "false",
     }
-    if lock.base_digest:
-        values["org.opencontainers.image.base.digest"] = lock.base_digest
-    return [(key, quote(values[key])) for key in sorted(values) if values[key]]
+    values["org.opencontainers.image.base.digest"] = lock.base_digest or ""
+    return values
 
 
 def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
