@@ -111,8 +111,10 @@ def test_verify_cpu_ok_runs_the_cpu_checks_for_real(client: Any, cpu_image: str,
     report = json.loads(done.stdout)
     saved = json.loads(report_file.read_text())
     # The saved report is the smoke test's, plus what verify ran (image, digest, exit code).
+    # platform: the image's, which it ran as; emulated: None, the engine's own platform (T15)
     assert saved.pop("envbuild.verify") == {"cpu_ok": True, "digest": None, "exit_code": 0,
-                                            "image": cpu_image, "tier": None}
+                                            "image": cpu_image, "tier": None, "platform": "linux/amd64",
+                                            "emulated": None}
     assert report == saved
     status = {c["name"]: c for c in report["checks"]}
     assert status["torch.import"]["status"] == "pass" and "2.13.0+cpu" in status["torch.import"]["message"]
