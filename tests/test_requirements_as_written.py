@@ -219,3 +219,20 @@ def test_what_stays_unsupported_names_file_line_and_the_way_out(tmp_path: Path, 
     message = caught.value.one_line()
     assert "r.txt:2: " in message and problem in message and "(-e ./dir)" in message
     assert "\n" not in message.rstrip("\n")
+
+
+def test_what_a_build_writes_beside_the_lock_is_no_source_of_the_projects_package(tmp_path: Path) -> None:
+    """`build --lock` writes envbuild.built.json and envbuild.debs.json beside the lock, `sbom`
+    sbom.NAME.cdx.json: were they sources of `-e .`, the build would make its own lock stale
+    (tests/test_local_packages_e2e.py found it for envbuild.debs.json)."""
+    from envbuild.extensions.tree import source_tree, tree_sha256
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "1"\n')
+    (tmp_path / "demo.py").write_text("VALUE = 1\n")
+    before = tree_sha256(source_tree(tmp_path, ".", "the project"))
+    for record in ("envbuild.lock", "pylock.toml", "pylock.gpu.toml", "envbuild.built.json",
+                   "envbuild.debs.json", "sbom.default.cdx.json"):
+        (tmp_path / record).write_text("{}\n")
+    assert tree_sha256(source_tree(tmp_path, ".", "the project")) == before
+    (tmp_path / "notes.json").write_text("{}\n")  # anything else is the package's
+    assert tree_sha256(source_tree(tmp_path, ".", "the project")) != before

@@ -40,7 +40,10 @@ _SKIPPED = frozenset({".git", "__pycache__", "build", "dist", ".eggs"})
 _PROJECT_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?", re.ASCII)
 HINT = "a directory inside the project holding a pyproject.toml or setup.py"
 PROJECT_DIR = "."  # the project's own package
-_OUTPUTS = re.compile(r"envbuild\.lock|envbuild\.built\.json|pylock(?:\.[^/]+)?\.toml", re.ASCII)
+# What envbuild writes beside the lock (the lock pair, the build's records, the bills of materials):
+# never a source of the project's own package, or a build would make its lock stale.
+_OUTPUTS = re.compile(r"envbuild\.lock|envbuild\.built\.json|envbuild\.debs\.json|sbom\.[^/]+\.cdx\.json"
+                      r"|pylock(?:\.[^/]+)?\.toml", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
