@@ -251,7 +251,9 @@ def test_buildah_sigint_exits_130_and_leaves_nothing(buildah: BuildahBuilder, cl
         seen += line
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=90) == 130
+    # communicate, not wait: both pipes drained, so no cleanup line can block on a full pipe
+    _, rest = proc.communicate(timeout=90)
+    assert proc.returncode == 130, seen + rest
     assert buildah_containers() == before
     assert our_tempdirs() == temps
     assert all_containers(client) == docker_before

@@ -224,7 +224,9 @@ def test_sigint_during_build_exits_130_and_leaves_nothing(client: Any, base_imag
         seen += line
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    # communicate, not wait: both pipes drained, so no cleanup line can block on a full pipe
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + rest
     deadline = time.monotonic() + 30
     while all_containers(client) != before and time.monotonic() < deadline:
         time.sleep(1)
