@@ -240,7 +240,10 @@ def test_buildah_sigint_exits_130_and_leaves_nothing(buildah: BuildahBuilder, cl
     proc = subprocess.Popen(
         [sys.executable, "-m", "envbuild", "build", "--builder", "buildah", "--variant", "cpu",
          "--torch", "==2.13.0", "--python", "3.11", "--no-companions", "--base-image",
-         "envbuild-test/slow-apt:1", "--network", "host", "--tag", "envbuild-test/interrupted-buildah:1"],
+         "envbuild-test/slow-apt:1", "--network", "host", "--tag", "envbuild-test/interrupted-buildah:1",
+         # the slow step must run: a run whose step once finished (a test killed by its time-out)
+         # left it in buildah's layer cache, and the next run went on to download torch instead
+         "--no-cache"],
         cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     assert proc.stderr is not None

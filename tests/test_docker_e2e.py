@@ -214,7 +214,7 @@ def test_sigint_during_build_exits_130_and_leaves_nothing(client: Any, base_imag
     proc = subprocess.Popen(
         [sys.executable, "-m", "envbuild", "build", "--variant", "cpu", "--torch", "==2.13.0",
          "--python", "3.11", "--no-companions", "--base-image", "envbuild-test/slow-apt:1",
-         "--network", "none", "--tag", "envbuild-test/interrupted:1"],
+         "--network", "none", "--tag", "envbuild-test/interrupted:1", "--no-cache"],  # the slow step runs
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     seen = ""
