@@ -225,7 +225,11 @@ def test_sigint_during_build_exits_130_and_leaves_nothing(client: Any, base_imag
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
     # communicate, not wait: both pipes drained, so no cleanup line can block on a full pipe
-    _, rest = proc.communicate(timeout=60)
+    try:
+        _, rest = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a build left running would finish its step into the layer cache
+        raise
     assert proc.returncode == 130, seen + rest
     deadline = time.monotonic() + 30
     while all_containers(client) != before and time.monotonic() < deadline:
