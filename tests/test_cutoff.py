@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import html
-import http.server
 import json
 import os
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lock_command import run  # one way a test runs the command in-process
+from test_lock_command import run, serve_directory  # the command in-process; a static index
 
 from envbuild.errors import UsageError
 from envbuild.pylock.cutoff import format_instant, parse_cutoff
@@ -82,20 +80,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     for index, dists in INDEXES.items():
         write_index(root, index, dists)
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield Served(root, f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_directory(root) as url:
+        yield Served(root, url)
 
 
 @pytest.fixture()

@@ -5,6 +5,7 @@ pinned by digest, then ``lock --check``, several targets, conflicts and bad comb
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import http.server
@@ -67,6 +68,13 @@ def serve_indexes(root: Path, indexes: Dists) -> Iterator[str]:
             (root / index / "simple" / name / "index.html").write_text(
                 "<html><body>\n" + "\n".join(links) + "\n</body></html>\n")
 
+    with serve_directory(root) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path) -> Iterator[str]:
+    """``root`` served as static files on a free 127.0.0.1 port; yields its base URL."""
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, directory=str(root), **kwargs)
