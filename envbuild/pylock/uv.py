@@ -24,10 +24,15 @@ the torch layer: the packages the image installs before the user's. It answers f
 cache the first run has just brought up to date (``--offline``), and asks the index only
 where that cache cannot answer. The installer's own lock (``uv==VERSION``, an exact version
 whose files do not change) is asked of uv's cache alone beside the first run; where the cache
-cannot answer it runs online beside that second run and the hash check (beside the first, two
-uv runs reading the index at once stalled one by ~5 s in half the locks measured). Either way
-its sha256 is checked against the index; the index pages of the names known in advance are
-fetched meanwhile.
+cannot answer it runs online beside that second run and the hash check. Either way its sha256
+is checked against the index; the index pages of the names known in advance are fetched
+meanwhile.
+
+The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed,
+needs nothing of the first run's answer: it runs beside it, in its own directory, and is
+compared with it afterwards. Each run is registered while it runs: where the lock fails in any
+thread or is interrupted (Ctrl-C, SIGTERM), every uv still running is killed before the lock
+reports its error, and none starts after.
 
 Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
 naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
@@ -43,12 +48,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import TracebackType
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -256,19 +263,62 @@ def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, has
     return command
 
 
+class _Cancelled(Exception):
+    """A uv run ended because another run or the lock itself failed (never shown: that
+    failure is what the lock reports)."""
+
+
+class _Live:
+    """The uv processes of one lock that are running now, from every thread: where the lock
+    fails or is interrupted (Ctrl-C, SIGTERM, an error in any thread), leaving the ``with``
+    block kills them all, and a run not started yet never starts."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._processes: set[subprocess.Popen[str]] = set()
+        self.cancelled = False
+
+    def add(self, process: subprocess.Popen[str]) -> None:
+        with self._guard:
+            if not self.cancelled:
+                self._processes.add(process)
+                return
+        process.kill()
+        raise _Cancelled
+
+    def discard(self, process: subprocess.Popen[str]) -> None:
+        with self._guard:
+            self._processes.discard(process)
+
+    def cancel(self) -> None:
+        with self._guard:
+            self.cancelled = True
+            for process in self._processes:
+                process.kill()
+
+    def __enter__(self) -> _Live:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if kind is not None:
+            self.cancel()
+
+
 @dataclass(frozen=True)
 class _Uv:
-    """One closure's uv runs: the binary, the spec, the default index, uv's environment and
-    the deadline every run shares."""
+    """One closure's uv runs: the binary, the spec, the default index, uv's environment, the
+    deadline every run shares and the runs now running."""
 
     uv: str
     spec: ClosureSpec
     default_index: str
     env: dict[str, str]
     deadline: float
+    live: _Live = field(default_factory=_Live, compare=False)
 
     def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> None:
-        _run(command, cwd, self.env, self.deadline, self.spec, started)
+        _run(command, cwd, self.env, self.deadline, self.spec, started, self.live)
 
     def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None,
                 annotate: bool = False) -> list[str]:
@@ -296,27 +346,28 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
     run = _Uv(uv=uv, spec=spec, default_index=default_index, env=uv_environment(env),
               deadline=time.monotonic() + spec.timeout)
+    # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
+    # interrupted, so that the pool's threads end at once and the directory can be removed.
     with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp, \
-            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=1) as side:
+            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=2) as side, \
+            run.live:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
+        # The survey's run (sdists allowed, no kept pin) needs nothing of the closure's: it
+        # runs beside it, and costs a lock no wall time where the machine has a core to spare.
+        survey = None if spec.all_sdists else side.submit(_survey_run, run, work)
         if pages is not None:
             pages.prefetch(_known_names(spec))
-        # The installer's small lock first asks uv's cache alone, beside the closure's run (a
-        # run that reads no index cannot stall the other); a cache that cannot answer, and an
-        # offline lock, make it after the closure's run, beside the checks below: two uv runs
-        # reading the index at once stalled one of them by ~5 s in 6 of 12 locks here.
+        # The installer's small lock first asks uv's cache alone, beside the closure's run; a
+        # cache that cannot answer, and an offline lock, make it after the closure's run.
         cached = None if spec.installer is None or spec.offline else \
             side.submit(_installer_run, run, work / "installer-cached", offline=True)
         try:
             text = _closure_run(run, work, started)
         except NoCompatibleStack as exc:
-            raise _every_sdist_only(run, work, exc) from None
+            raise _every_sdist_only(run, work, exc, survey) from None
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         pylock = read_pylock(text)
-        # The survey (a run allowing sdists) reads the index: on the side thread after the
-        # installer's, beside the hash check and the torch layer's run from uv's cache.
-        survey = side.submit(_sdists_and_held_back, run, work, pylock)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
@@ -328,19 +379,19 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         _check_pins_cutoff(spec, pylock)
         layer = _torch_layer(run, pylock.versions(), work)
         wheel = None if installer is None else installer.result()
-        sdists, held, notes = survey.result()
+        sdists, held, notes = _sdists_and_held_back(run, work, pylock, survey)
     return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel,
                    sdists=sdists, held_back=held, notes=notes)
 
 
-def _sdists_and_held_back(run: _Uv, work: Path,
-                          pylock: Pylock) -> tuple[tuple[str, ...], tuple[HeldBack, ...], tuple[str, ...]]:
+def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[Pylock] | None
+                          ) -> tuple[tuple[str, ...], tuple[HeldBack, ...], tuple[str, ...]]:
     """(the packages locked by their sdist alone, the packages held back, notes). With
     ``all_sdists`` uv already took the newest release of everything, an sdist where there is
-    no wheel: nothing is held back. Otherwise the survey (sdists allowed) says what wheels-only
-    resolution held back; a survey that fails is a note, never a failed lock."""
+    no wheel: nothing is held back. Otherwise the survey (sdists allowed, ``survey``: its run)
+    says what wheels-only resolution held back; a survey that fails is a note, never a failed lock."""
     spec = run.spec
-    if spec.all_sdists:
+    if spec.all_sdists or survey is None:
         return tuple(s.name for s in sourceonly.sdist_only(pylock, {})), (), ()
     versions = pylock.versions()
     missing = sorted(set(spec.no_binary) - set(versions))
@@ -349,8 +400,9 @@ def _sdists_and_held_back(run: _Uv, work: Path,
                          hint="name packages of the closure only (or build-sdists = true)")
     kept = _kept_pins(spec)
     try:
-        survey, annotated = _survey(
-            run, work, annotate=lambda found: bool(sourceonly.held_back(versions, found, {}, kept)))
+        found = survey.result()
+        # who requires whom, only where something was held back: a second run, from uv's cache
+        annotated = _annotated(run, work, found) if sourceonly.held_back(versions, found, {}, kept) else {}
     except TooSlow:
         raise
     except EnvbuildError as exc:
@@ -359,7 +411,7 @@ def _sdists_and_held_back(run: _Uv, work: Path,
     # Offline, uv passes over a release whose metadata its cache lacks: a held-back package may go unseen.
     notes = ("--offline: what wheels-only resolution held back was checked against uv's cache only, "
              "which may lack a newer sdist",) if spec.offline else ()
-    return spec.no_binary, tuple(sourceonly.held_back(versions, survey, annotated, kept)), notes
+    return spec.no_binary, tuple(sourceonly.held_back(versions, found, annotated, kept)), notes
 
 
 def _kept_pins(spec: ClosureSpec) -> dict[str, str]:
@@ -374,13 +426,16 @@ def _shortened(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack) -> EnvbuildError:
+def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack,
+                      survey_run: Future[Pylock] | None) -> EnvbuildError:
     """A wheels-only run that stopped at a package with no usable wheel (uv names one per run):
-    every package only an sdist provides, each with where it comes from, from one survey."""
+    every package only an sdist provides, each with where it comes from, from one survey
+    (``survey_run``: its run, started beside the closure's)."""
     if not _NO_WHEELS.search(failure.message):
         return failure
     try:
-        survey, annotated = _survey(run, work)
+        survey = _survey_run(run, work) if survey_run is None else survey_run.result()
+        annotated = _annotated(run, work, survey)
     except EnvbuildError:
         return failure
     found = [s for s in sourceonly.sdist_only(survey, annotated) if s.name not in run.spec.no_binary]
@@ -394,28 +449,32 @@ def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack) -> Envbu
         conflicts=tuple(s.name for s in found), hint=sourceonly.names_hint(found, run.spec.no_binary))
 
 
-def _survey(run: _Uv, work: Path, annotate: Callable[[Pylock], bool] = lambda _: True
-            ) -> tuple[Pylock, dict[str, tuple[str, tuple[str, ...]]]]:
-    """uv's closure of the same project with sdists allowed (no previous pin kept), and
-    its annotated requirements (who requires whom; only when ``annotate`` says the closure needs
-    them). The closure run asks the index (unless the
-    lock is offline): asked of uv's cache alone, uv passes over a newer sdist whose metadata the
-    cache lacks and answers with the older release, silently (measured: rouge-score 0.0.4, not
-    0.1.2). The second run, held to that closure's versions, asks the cache first."""
+def _survey_spec(spec: ClosureSpec) -> ClosureSpec:
+    return replace(spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
+
+
+def _survey_run(run: _Uv, work: Path) -> Pylock:
+    """uv's closure of the same project with sdists allowed (no previous pin kept). It asks
+    the index (unless the lock is offline): asked of uv's cache alone, uv passes over a newer
+    sdist whose metadata the cache lacks and answers with the older release, silently
+    (measured: rouge-score 0.0.4, not 0.1.2)."""
     survey = work / "survey"
     survey.mkdir(exist_ok=True)
     (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
-    spec = replace(run.spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
-    run.run(run.command(OUTPUT, hashes=True, spec=spec), survey)
-    pylock = read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
-    if not annotate(pylock):  # nothing to say where it comes from: no second run
-        return pylock, {}
+    run.run(run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)), survey)
+    return read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
+
+
+def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The survey's annotated requirements (who requires whom): a second run, held to the
+    survey's versions, that asks uv's cache first."""
+    survey, spec = work / "survey", _survey_spec(run.spec)
     (survey / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
                                      encoding="utf-8")
     command = [*run.command("via.txt", hashes=False, spec=replace(spec, offline=True), annotate=True),
                "--constraints", "held.txt"]
     _cache_first(run, survey, spec, command)
-    return pylock, sourceonly.parse_annotated((survey / "via.txt").read_text(encoding="utf-8"), PROJECT_NAME)
+    return sourceonly.parse_annotated((survey / "via.txt").read_text(encoding="utf-8"), PROJECT_NAME)
 
 
 def _cache_first(run: _Uv, cwd: Path, spec: ClosureSpec, command: list[str]) -> None:
@@ -609,9 +668,12 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
-         started: Callable[[], None] | None = None) -> None:
-    """One uv run within the deadline; ``started`` is called once uv is running."""
+         started: Callable[[], None] | None = None, live: _Live | None = None) -> None:
+    """One uv run within the deadline; ``started`` is called once uv is running. ``live``: the
+    lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled)."""
     left = deadline - time.monotonic()
+    if live is not None and live.cancelled:
+        raise _Cancelled
     if left <= 0:
         raise _too_slow(spec)
     try:
@@ -622,6 +684,8 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
                          hint="pip install uv") from exc
     with process:
         try:
+            if live is not None:
+                live.add(process)
             if started is not None:
                 started()
             _, stderr = process.communicate(timeout=left)
@@ -632,6 +696,11 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
         except BaseException:  # Ctrl-C, SIGTERM: uv goes too, as subprocess.run would see to
             process.kill()
             raise
+        finally:
+            if live is not None:
+                live.discard(process)
+    if live is not None and live.cancelled:
+        raise _Cancelled
     if process.returncode != 0:
         raise uv_failure(stderr, spec)
 
