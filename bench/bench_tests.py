@@ -75,18 +75,19 @@ def read_junit(path: Path) -> list[Timing]:
 
 def run_tier(name: str, args: list[str], extra: list[str]) -> TierRun:
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-tests-") as tmp:
-        report = Path(tmp) / "junit.xml"
-        command = ["bash", str(ROOT / "scripts" / "test.sh"), *args, f"--junitxml={report}", *extra]
-        print(f"$ {' '.join(command)}", flush=True)
+        # one JUnit report per part of the run (scripts/test.sh's ENVBUILD_TEST_REPORTS)
+        command = ["bash", str(ROOT / "scripts" / "test.sh"), *args, *extra]
+        print(f"$ ENVBUILD_TEST_REPORTS={tmp} {' '.join(command)}", flush=True)
         before = os.getloadavg()
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, check=False)
+        done = subprocess.run(command, cwd=ROOT, check=False,
+                              env={**os.environ, "ENVBUILD_TEST_REPORTS": tmp})
         wall = time.perf_counter() - start
         after = os.getloadavg()
         now = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
-        tests = read_junit(report) if report.is_file() else []
+        tests = [t for report in sorted(Path(tmp).glob("part-*.xml")) for t in read_junit(report)]
     return TierRun(name, wall, cpu, done.returncode, before, after, tests)
 
 
