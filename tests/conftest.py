@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,6 +203,34 @@ def _engine() -> tuple[Any, int] | None:
 
 
 _BEFORE_MODULE: dict[str, set[str]] = {}
+
+# This session's token, in the tag of every image the long engine tests build (``tagged``): two
+# sessions on one engine (two checkouts, a developer's run beside another) never build over,
+# verify or remove each other's images. ENVBUILD_TEST_SESSION names it (else a random one).
+SESSION = os.environ.get("ENVBUILD_TEST_SESSION") or secrets.token_hex(4)
+
+
+def tagged(name: str) -> str:
+    """``name`` ("envbuild-test/cpu:2.13.0") with this session's token in its tag."""
+    repository, _, tag = name.rpartition(":")
+    return f"{repository}:{tag}-{SESSION}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_tags_are_removed() -> Iterator[None]:
+    """Every tag with this session's token is removed when the session ends, whoever else uses
+    the engine: the tag is this session's alone (an image another build still needs as its
+    parent only loses the tag)."""
+    yield
+    engine = _ENGINE[0] if _ENGINE else None  # None: no test of this session reached the engine
+    if engine is None:
+        return
+    client = engine[0]
+    for image in client.images():
+        for tag in image.get("RepoTags") or ():
+            if tag.endswith(f"-{SESSION}"):
+                with contextlib.suppress(Exception):  # gone already
+                    client.remove_image(tag)
 
 # The fixtures that reach the Docker engine: a test using one must be marked ``docker``, so that
 # the quick tier (scripts/test.sh --quick, -m "not docker ...") never needs an engine.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tagged
 from test_docker_e2e import CPU_TAG, TORCH_WHEEL, all_containers, base_image, client, envbuild
 
 from envbuild.engine.builders import BuildahBuilder
@@ -34,7 +35,7 @@ from envbuild.registry.reference import ACCEPT
 pytestmark = pytest.mark.docker
 __all__ = ["base_image", "client"]  # fixtures shared with test_docker_e2e
 
-BUILDAH_TAG = "envbuild-test/cpu-buildah:2.13.0"
+BUILDAH_TAG = tagged("envbuild-test/cpu-buildah:2.13.0")
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 

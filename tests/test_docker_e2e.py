@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import schemas
+from conftest import tagged
 
 from envbuild.engine import build
 from envbuild.engine.context import context_tar
@@ -30,7 +31,7 @@ from envbuild.errors import BuildFailed, SmokeFailed
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_TAG = "envbuild-test/cpu:2.13.0"
+CPU_TAG = tagged("envbuild-test/cpu:2.13.0")
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
@@ -164,12 +165,16 @@ def test_failing_step_exit_6_leaves_no_container(client: Any, base_image: str) -
     assert all_containers(client) == before
 
 
-def test_silent_step_longer_than_60s_does_not_time_out(client: Any, base_image: str) -> None:
+def test_silent_step_longer_than_the_clients_timeout_does_not_time_out(client: Any, base_image: str) -> None:
     # connect() leaves the SDK's 60 s default on the client; the build must not inherit it (F5).
-    result = tiny_build(client, f"FROM {base_image}\nRUN sleep 65 && touch /done\n",
+    # Whatever the client's time-out, the build sets its own: a client of 5 s and a step silent
+    # for 8 s prove it as a 65 s step against the default did, in an eighth of the time.
+    short = connect(os.environ, timeout=5.0)
+    assert short.timeout == 5.0
+    result = tiny_build(short, f"FROM {base_image}\nRUN sleep 8 && touch /done\n",
                         "envbuild-test/slow-step:1")
     assert result.image_id.startswith("sha256:")
-    client.remove_image("envbuild-test/slow-step:1", force=True)
+    short.remove_image("envbuild-test/slow-step:1", force=True)
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tagged
 from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
 
 __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, used by name
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
-TAG = "envbuild-test/extension:1"
+TAG = tagged("envbuild-test/extension:1")
 ADD_CPP = """#include <torch/extension.h>
 
 torch::Tensor add(torch::Tensor a, torch::Tensor b) { return a + b; }
@@ -183,7 +184,7 @@ def test_a_rebuilt_wheel_that_differs_from_the_record_is_exit_6(client: Any, pro
     record["wheels"][0]["sha256"] = "0" * 64
     path.write_text(json.dumps(record))
     try:
-        built = build(project, "envbuild-test/extension:differs")
+        built = build(project, tagged("envbuild-test/extension:differs"))
         assert built.returncode == 6, (built.stdout + built.stderr)[-4000:]
         assert "differs from envbuild.built.json" in built.stderr, built.stderr[-4000:]
         assert json.loads(path.read_text()) == record  # the record stays as it was
@@ -199,7 +200,7 @@ def test_an_sdist_that_does_not_compile_is_exit_6_naming_the_step(client: Any, p
     try:
         done = envbuild("lock", cwd=project)
         assert done.returncode == 0, done.stderr[-3000:]
-        built = build(project, "envbuild-test/extension:broken-sdist")
+        built = build(project, tagged("envbuild-test/extension:broken-sdist"))
         assert built.returncode == 6, (built.stdout + built.stderr)[-4000:]
         errors = [line for line in built.stderr.splitlines() if line.startswith("envbuild: error[")]
         assert len(errors) == 1 and "envbuild-ext-sdist/*/" in built.stderr, built.stderr[-4000:]
@@ -215,7 +216,7 @@ def test_an_extension_that_does_not_compile_is_exit_6_naming_the_step(client: An
     source.write_text(ADD_CPP.replace("return a + b;", "return a + ;"))
     try:
         assert envbuild("lock", cwd=project).returncode == 0
-        built = build(project, "envbuild-test/extension:broken")
+        built = build(project, tagged("envbuild-test/extension:broken"))
         assert built.returncode == 6, (built.stdout + built.stderr)[-4000:]
         assert "pip wheel" in built.stderr, built.stderr[-4000:]
     finally:

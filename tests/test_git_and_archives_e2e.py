@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tagged
 from test_git_and_archives import _git
 from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
 
@@ -31,7 +32,7 @@ __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, us
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
-TAG = "envbuild-test/git-sources:h37d"
+TAG = tagged("envbuild-test/git-sources:h37d")
 PYPROJECT = ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
              '[project]\nname = "{name}"\nversion = "{version}"\n')
 

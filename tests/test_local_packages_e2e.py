@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tagged
 from test_extensions_e2e import build, in_image
 from test_lock_e2e import client, envbuild, pushed_base, torch_index, wheelhouse
 
@@ -20,7 +21,7 @@ __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, us
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
-TAG = "envbuild-test/local-packages:1"
+TAG = tagged("envbuild-test/local-packages:1")
 PYPROJECT = """[build-system]
 requires = ["setuptools>=70.1"]
 build-backend = "setuptools.build_meta"

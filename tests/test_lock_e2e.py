@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tagged
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-TAG = "envbuild-test/locked:1"
+TAG = tagged("envbuild-test/locked:1")
+TAG_2 = tagged("envbuild-test/locked:2")
 DEPENDENCIES = ["six>=1.16", "idna>=3.7"]
 ADDED = "attrs>=23.1"
 # What the venv has before envbuild installs anything (ensurepip, Python 3.11): not the lock's.
@@ -243,12 +245,12 @@ def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: 
         relocked = json.loads((project / "envbuild.lock").read_text())["targets"]["default"]
         assert "attrs" in relocked["packages"]
         assert relocked["pylock"]["torch_layer"] == locked["targets"]["default"]["pylock"]["torch_layer"]
-        report = build(project, "envbuild-test/locked:2")
+        report = build(project, TAG_2)
         ran = " ".join(report["ran"])
         assert "torch.txt" not in ran, report["ran"]  # the torch layer came from the cache
         assert "project.txt" in ran, report["ran"]
-        assert "attrs" in installed(client, "envbuild-test/locked:2")
-        assert_torch_layer_kept(client, TAG, "envbuild-test/locked:2")  # with --ca-bundle: classic's 2 stages
+        assert "attrs" in installed(client, TAG_2)
+        assert_torch_layer_kept(client, TAG, TAG_2)  # with --ca-bundle: classic's 2 stages
     finally:
         pyproject.write_text(text)
         assert envbuild("lock", cwd=project).returncode == 0
@@ -270,8 +272,7 @@ def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, p
     before = _buildah_images()
     pyproject = project / "pyproject.toml"
     text = pyproject.read_text()
-    tags = ["envbuild-test/locked-buildah:1", "envbuild-test/locked-buildah:2",
-            "envbuild-test/locked-buildah:fresh-a", "envbuild-test/locked-buildah:fresh-b"]
+    tags = [tagged(f"envbuild-test/locked-buildah:{t}") for t in ("1", "2", "fresh-a", "fresh-b")]
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     try:
         build(project, tags[0], "--builder", "buildah")
@@ -316,7 +317,7 @@ def test_two_no_cache_builds_give_the_same_files(client: Any, project: Path,
     # built with no cache: two installs of one lock, one fewer build than two --no-cache ones.
     if subprocess.run(["docker", "image", "inspect", TAG], capture_output=True).returncode != 0:
         build(project, TAG)
-    build(project, "envbuild-test/locked:b", "--no-cache")
-    a, b = site_files(TAG), site_files("envbuild-test/locked:b")
+    build(project, tagged("envbuild-test/locked:b"), "--no-cache")
+    a, b = site_files(TAG), site_files(tagged("envbuild-test/locked:b"))
     differing = sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
     assert differing == [], differing[:20]
