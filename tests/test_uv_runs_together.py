@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,20 @@ def test_ctrl_c_kills_both_runs(tmp_path: Path) -> None:
         signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 30
     assert gone(tmp_path / "closure.pid") and gone(tmp_path / "survey.pid")
+
+
+@pytest.mark.parametrize(("users", "closure", "survey"), [(None, "", "8"), ("3", "3", "3")])
+def test_the_survey_reads_the_index_on_fewer_connections(tmp_path: Path, users: str | None,
+                                                         closure: str, survey: str) -> None:
+    """Beside the closure's run, the survey's asks uv for 8 downloads at a time (uv's own
+    default is 50: each connection a name look-up); a figure the user set stands for both."""
+    said = 'echo "$UV_CONCURRENT_DOWNLOADS" > ' + str(tmp_path)
+    uv = fake_uv(tmp_path, closure=f"{said}/closure.env; sleep 1; exit 2",
+                 survey=f"{said}/survey.env; exit 2")
+    spec = closure_spec(uv)
+    if users is not None:
+        spec = replace(spec, env={**(spec.env or {}), "UV_CONCURRENT_DOWNLOADS": users})
+    with pytest.raises(DataError):
+        compile_closure(spec)
+    assert (tmp_path / "closure.env").read_text().strip() == closure
+    assert (tmp_path / "survey.env").read_text().strip() == survey
