@@ -33,6 +33,11 @@ def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:
     return str(path)
 
 
+def after(path: Path) -> str:
+    """Shell text that waits for ``path`` (the other run has started): no race with the threads' start."""
+    return f"while [ ! -e {path} ]; do sleep 0.02; done; "
+
+
 def closure_spec(uv: str) -> ClosureSpec:
     # offline: no index page is read, the runs alone are under test
     return ClosureSpec(torch_pins={}, python="3.11", glibc="2.35", dependencies=("six",),
@@ -70,7 +75,8 @@ def test_the_survey_runs_beside_the_closures_run(tmp_path: Path, empty_index: st
 
 
 def test_a_closure_run_that_fails_ends_the_survey_and_reports_at_once(tmp_path: Path) -> None:
-    uv = fake_uv(tmp_path, closure="sleep 0.3; echo 'error: the index said no' >&2; exit 2",
+    uv = fake_uv(tmp_path, closure=after(tmp_path / "survey.pid")
+                 + "echo 'error: the index said no' >&2; exit 2",
                  survey="exec sleep 60")
     start = time.monotonic()
     with pytest.raises(DataError, match="uv could not lock the closure: the index said no"):
@@ -82,7 +88,8 @@ def test_a_closure_run_that_fails_ends_the_survey_and_reports_at_once(tmp_path: 
 def test_a_survey_that_fails_leaves_the_closures_run_to_finish(tmp_path: Path) -> None:
     """The survey's failure is a note (test_sdist_survey): it never ends the closure's run,
     whose own failure, when it comes, is what the lock reports."""
-    uv = fake_uv(tmp_path, closure="sleep 1; echo 'error: the closure failed late' >&2; exit 2",
+    uv = fake_uv(tmp_path, closure=after(tmp_path / "survey.pid")
+                 + "sleep 1; echo 'error: the closure failed late' >&2; exit 2",
                  survey="echo 'error: no sdist here' >&2; exit 2")
     with pytest.raises(DataError, match="the closure failed late"):
         compile_closure(closure_spec(uv))
@@ -119,7 +126,7 @@ def test_the_survey_reads_the_index_on_fewer_connections(tmp_path: Path, users: 
     """Beside the closure's run, the survey's asks uv for 8 downloads at a time (uv's own
     default is 50: each connection a name look-up); a figure the user set stands for both."""
     said = 'echo "$UV_CONCURRENT_DOWNLOADS" > ' + str(tmp_path)
-    uv = fake_uv(tmp_path, closure=f"{said}/closure.env; sleep 1; exit 2",
+    uv = fake_uv(tmp_path, closure=f"{said}/closure.env; {after(tmp_path / 'survey.env')}exit 2",
                  survey=f"{said}/survey.env; exit 2")
     spec = closure_spec(uv)
     if users is not None:
