@@ -276,6 +276,9 @@ class _Live:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._processes: set[subprocess.Popen[str]] = set()
+        self._ended = threading.Event()
+        self.closure_started = threading.Event()  # the closure's uv run is running
+        self.closure_ended = threading.Event()  # it has ended, or the lock has failed
         self.cancelled = False
 
     def add(self, process: subprocess.Popen[str]) -> None:
@@ -290,9 +293,21 @@ class _Live:
         with self._guard:
             self._processes.discard(process)
 
+    def after_closure_started(self, delay: float) -> None:
+        """Wait until the closure's run has run ``delay`` seconds or ended; _Cancelled where
+        the lock fails or is interrupted meanwhile."""
+        while not self.closure_started.wait(0.05):
+            if self._ended.is_set():
+                raise _Cancelled
+        self.closure_ended.wait(delay)
+        if self.cancelled:
+            raise _Cancelled
+
     def cancel(self) -> None:
         with self._guard:
             self.cancelled = True
+            self._ended.set()
+            self.closure_ended.set()
             for process in self._processes:
                 process.kill()
 
@@ -461,11 +476,12 @@ def _survey_run(run: _Uv, work: Path) -> Pylock:
     survey = work / "survey"
     survey.mkdir(exist_ok=True)
     (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
-    # Beside the closure's run, on fewer connections (unless the user set uv's own figure):
-    # each new connection is a name look-up, and 50 at once from two runs had one wait 5 s
-    # for a resolver that dropped a reply in a third of the locks measured.
-    beside = replace(run, env={"UV_CONCURRENT_DOWNLOADS": SURVEY_DOWNLOADS, **run.env})
-    beside.run(beside.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)), survey)
+    # Beside the closure's run, a moment after it (or at its end, if sooner): each uv run opens
+    # its connections (a name look-up each) in its first instant, and two runs started together
+    # had one of them wait 5 s for a resolver that dropped a reply under the burst (7 pairs in
+    # 16 here; started SURVEY_DELAY s apart, 0 in 16; one after the other, 3 in 16).
+    run.live.after_closure_started(0.0 if run.spec.offline else SURVEY_DELAY)
+    run.run(run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)), survey)
     return read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
 
 
@@ -516,7 +532,7 @@ def _known_names(spec: ClosureSpec) -> list[str]:
 
 
 USER_CONSTRAINTS = "project-constraints.txt"
-SURVEY_DOWNLOADS = "8"  # the survey's uv --concurrent-downloads (uv's own default: 50)
+SURVEY_DELAY = 0.3  # seconds between the closure's uv run and the survey's (see _survey_run)
 
 
 def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None) -> str:
@@ -533,7 +549,15 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
         command += ["--upgrade-package", name]
-    run.run(command, work, started)
+    def running() -> None:
+        run.live.closure_started.set()
+        if started is not None:
+            started()
+
+    try:
+        run.run(command, work, running)
+    finally:
+        run.live.closure_ended.set()
     return (work / OUTPUT).read_text(encoding="utf-8")
 
 
