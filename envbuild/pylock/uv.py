@@ -29,10 +29,12 @@ is checked against the index; the index pages of the names known in advance are 
 meanwhile.
 
 The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed,
-needs nothing of the first run's answer: it runs beside it, in its own directory, and is
-compared with it afterwards. Each run is registered while it runs: where the lock fails in any
-thread or is interrupted (Ctrl-C, SIGTERM), every uv still running is killed before the lock
-reports its error, and none starts after.
+needs nothing of the first run's answer: it runs beside it, in its own directory, from
+SURVEY_DELAY s after the first run's start (two runs opening their connections at once made a
+burst of name look-ups that a resolver answered 5 s late), and is compared with it
+afterwards. Each run is registered while it runs: where the lock fails in any thread or is
+interrupted (Ctrl-C, SIGTERM), every uv still running is killed before the lock reports its
+error, and none starts after.
 
 Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
 naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
@@ -369,7 +371,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
         # The survey's run (sdists allowed, no kept pin) needs nothing of the closure's: it
-        # runs beside it, and costs a lock no wall time where the machine has a core to spare.
+        # runs beside it (from SURVEY_DELAY s after its start), on a core the closure's leaves.
         survey = None if spec.all_sdists else side.submit(_survey_run, run, work)
         if pages is not None:
             pages.prefetch(_known_names(spec))
