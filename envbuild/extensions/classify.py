@@ -82,8 +82,8 @@ def recorded_from_json(raw: Any) -> tuple[Recorded, ...]:
     for name, entry in sorted(raw.items()):
         pure = isinstance(entry, dict) and entry.get("kind") == "pure" and set(entry) == {"kind", "requires"}
         if not (pure or entry == {"kind": "native"}) or not isinstance(name, str):
-            raise UsageError("lock 'sdist_kinds' entries are {kind: native} or {kind: pure, requires: [names]}",
-                             hint="re-create the lock")
+            raise UsageError("lock 'sdist_kinds' entries are {kind: native} or "
+                             "{kind: pure, requires: [names]}", hint="re-create the lock")
         requires = entry["requires"] if pure else []
         if not isinstance(requires, list) or any(not isinstance(r, str) for r in requires):
             raise UsageError("lock 'sdist_kinds' requires must be a list of names", hint="re-create the lock")
@@ -246,7 +246,7 @@ class _Capped(io.RawIOBase):
     """A gzip stream that stops after ``limit`` decompressed bytes (a bomb ends here)."""
 
     def __init__(self, data: bytes, limit: int, what: str) -> None:
-        self._stream: IO[bytes] = gzip.GzipFile(fileobj=io.BytesIO(data))
+        self._stream = gzip.GzipFile(fileobj=io.BytesIO(data))
         self._left, self._what = limit, what
 
     def readable(self) -> bool:
@@ -272,7 +272,7 @@ def _tar_members(data: bytes, what: str) -> Iterator[Member]:
                                      hint="a hostile or oversized sdist: lock another release")
                 name = _checked(info.name, what)
                 if info.issym() or info.islnk():
-                    _checked_link(name, info.linkname, what)
+                    _checked_link(name, info.linkname, what, hard=info.islnk())
                     yield name, None
                 elif info.isdir():
                     continue
@@ -287,10 +287,11 @@ def _tar_members(data: bytes, what: str) -> Iterator[Member]:
                          hint="lock again; the file may be damaged") from None
 
 
-def _checked_link(name: str, target: str, what: str) -> None:
-    """A link inside the archive may point within its top directory only."""
+def _checked_link(name: str, target: str, what: str, *, hard: bool = False) -> None:
+    """A link inside the archive may point within its top directory only (a hard link's target
+    is named from the archive's root, a symbolic link's from its own directory)."""
     top = name.split("/")[0]
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    joined = posixpath.normpath(target if hard else posixpath.join(posixpath.dirname(name), target))
     if target.startswith("/") or joined == ".." or joined.startswith("../") \
             or joined.split("/")[0] != top:
         raise UsageError(f"{what}: the link {token(name)} leads outside the archive",

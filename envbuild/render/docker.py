@@ -429,8 +429,9 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
         git = closure.git_builds(lock)
-        for name, pure in ((RECORDED_SUMS, False), (RECORDED_PURE_SUMS, True)):
-            sums = closure.recorded_sums(lock, options.extension_root, pure=pure) if options.check_recorded else ""
+        checked = ((RECORDED_SUMS, False), (RECORDED_PURE_SUMS, True)) if options.check_recorded else ()
+        for name, pure in checked:
+            sums = closure.recorded_sums(lock, options.extension_root, pure=pure)
             if sums:  # the wheels built before for these build keys: the stage checks its own against them
                 files[f"requirements/{name}"] = sums.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(

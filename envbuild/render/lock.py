@@ -652,8 +652,8 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists", "sdist_kinds", "apt_snapshot", "build_env",
-                            "gpu_archs"})
+                            "compile_toolchain", "extensions", "sdists", "sdist_kinds", "apt_snapshot",
+                            "build_env", "gpu_archs"})
 
 
 def _stack_json(stack: Stack) -> dict[str, Any]:
