@@ -1,7 +1,7 @@
 """Pure-Python sdists build without the torch layer (#37 item 2; envbuild/extensions/classify.py):
 ``lock`` reads each locked sdist's archive (never running it) and records its kind; a pure one is
 built in the envbuild-sdists stage from the system stage (no torch), a native one in the
-extensions stage. Hostile archives are refused (docs/faults.md R)."""
+extensions stage. Hostile archives are refused (docs/faults.md R18, R19, R20, R21)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarIn
     (b"\x1f\x8b" + b"not gzip at all", "not a readable .tar.gz"),
 ])
 def test_a_hostile_archive_is_exit_2_naming_the_sdist(data: bytes, message: str) -> None:
-    """docs/faults.md R: traversal, links out of the archive, devices, oversized build files."""
+    """docs/faults.md R18, R19: traversal, links out of the archive, devices, oversized files."""
     with pytest.raises(UsageError) as caught:
         cl.classify(data, "p-1.0.tar.gz")
     assert message in caught.value.message and "'p-1.0.tar.gz'" in caught.value.message
@@ -136,7 +136,7 @@ def test_a_link_within_the_archive_is_no_refusal() -> None:
 
 
 def test_a_tar_bomb_stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/faults.md R: 64 MiB of zeros in 64 KiB; read up to the cap only, then refused."""
+    """docs/faults.md R19: 64 MiB of zeros in 64 KiB; read up to the cap only, then refused."""
     monkeypatch.setattr(cl, "MAX_UNPACKED", 1024 * 1024)
     data = tar_gz({"setup.py": SETUP, "zeros": b"\0" * (64 * 1024 * 1024)})
     assert len(data) < 200 * 1024
@@ -193,7 +193,7 @@ def test_lock_fetches_checks_and_classifies_each_sdist() -> None:
 
 
 def test_a_served_sdist_that_is_not_the_locked_one_is_exit_4() -> None:
-    """docs/faults.md R: the file served differs from the pylock's sha256."""
+    """docs/faults.md R20: the file served differs from the pylock's sha256."""
     locked = read_pylock(pylock_of(tar_gz({"setup.py": SETUP})))
     with pytest.raises(DataError) as caught:
         classify_locked(locked, ["p"], env={}, offline=False, fetch=lambda url: tar_gz({"x.c": ""}))
