@@ -20,6 +20,7 @@ import ast
 import gzip
 import io
 import posixpath
+import re
 import tarfile
 import zipfile
 import zlib
@@ -46,7 +47,8 @@ NATIVE_REQUIRES = frozenset({"torch", "cython", "pybind11", "nanobind", "cffi", 
 NATIVE_KEYWORDS = frozenset({"ext_modules", "cffi_modules", "rust_extensions", "libraries"})
 NATIVE_CALLS = frozenset({"Extension", "CppExtension", "CUDAExtension", "Pybind11Extension",
                           "cythonize", "RustExtension"})
-DEFAULT_REQUIRES = ("setuptools",)  # PEP 517's default backend, for an sdist without [build-system]
+DEFAULT_REQUIRES = ("setuptools",)
+_CANONICAL = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)  # PEP 517's default backend, for an sdist without [build-system]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,15 +95,13 @@ def recorded_from_json(raw: Any) -> tuple[Recorded, ...]:
 
 def check_recorded(kinds: Sequence[Recorded], sdists: Sequence[str]) -> None:
     """Each kind names one of the lock's sdists, once; requires are sorted canonical names."""
-    from envbuild.extensions.sdists import CANONICAL_NAME
-
     names = [k.name for k in kinds]
     if names != sorted(set(names)) or not set(names) <= set(sdists):
         raise UsageError("lock 'sdist_kinds' must name the lock's sdists, each once",
                          hint="re-create the lock")
     for kind in kinds:
         if len(kind.requires) > MAX_REQUIRES or list(kind.requires) != sorted(set(kind.requires)) \
-                or any(not CANONICAL_NAME.fullmatch(r) for r in kind.requires) or "torch" in kind.requires:
+                or any(not _CANONICAL.fullmatch(r) for r in kind.requires) or "torch" in kind.requires:
             raise UsageError(f"lock 'sdist_kinds': {token(kind.name)}'s requires must be sorted canonical "
                              "names, without torch", hint="re-create the lock")
 
