@@ -227,6 +227,13 @@ def test_lock_records_the_kind_and_lock_json_shows_it(
     assert "mulext: built without torch (pure Python)" in err
     code, _, err = run(capsys, env, "lock", "--check")
     assert code == 0, err
+    # a lock written before kinds (none recorded) is not stale for lacking them
+    path = tmp_path / "envbuild.lock"
+    whole = json.loads(path.read_text())
+    del whole["targets"]["default"]["sdist_kinds"]
+    path.write_text(json.dumps(whole, indent=2, sort_keys=True) + "\n")
+    code, _, err = run(capsys, env, "lock", "--check")
+    assert code == 0, err
 
 
 # --- the lock's record of kinds ------------------------------------------------------------------
