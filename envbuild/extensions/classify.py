@@ -47,8 +47,8 @@ NATIVE_REQUIRES = frozenset({"torch", "cython", "pybind11", "nanobind", "cffi", 
 NATIVE_KEYWORDS = frozenset({"ext_modules", "cffi_modules", "rust_extensions", "libraries"})
 NATIVE_CALLS = frozenset({"Extension", "CppExtension", "CUDAExtension", "Pybind11Extension",
                           "cythonize", "RustExtension"})
-DEFAULT_REQUIRES = ("setuptools",)
-_CANONICAL = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)  # PEP 517's default backend, for an sdist without [build-system]
+DEFAULT_REQUIRES = ("setuptools",)  # PEP 517's default backend, for an sdist without [build-system]
+_CANONICAL = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
