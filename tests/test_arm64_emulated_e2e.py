@@ -148,6 +148,7 @@ def test_an_arm64_image_builds_and_verifies_under_emulation(project: Path, docke
         saved = json.loads((project / "verify.json").read_text())["envbuild.verify"]
         assert (saved["platform"], saved["emulated"], saved["exit_code"]) == ("linux/arm64", emulated, 0)
         assert report["host"]["emulated"] == emulated
+        assert report["host"]["machine"] == "aarch64"  # the smoke test's own Python ran as arm64
         checks = {c["name"]: c for c in report["checks"]}
         assert checks["torch.import"]["status"] == "pass" and TORCH in checks["torch.import"]["message"]
         assert checks["cpu.selfcheck"]["status"] == "pass", checks["cpu.selfcheck"]  # on qemu's CPU
