@@ -23,9 +23,21 @@ Both read the configured package index (``PIP_INDEX_URL`` or pip's configuration
 never printed) and share one persistent uv cache (``--uv-cache``, default
 ``$XDG_CACHE_HOME/envbuild-bench/uv``) so that a rerun reads metadata already fetched: uv reads
 a wheel's metadata by range request, never the whole torch CUDA wheels. Each run is bounded by
-``--timeout`` seconds. Usage:
+``--timeout`` seconds.
+
+``--cpu-torch WHEEL`` locks on a CPU torch wheel instead of the index's (CUDA) one: the wheel is
+served as a one-file index on 127.0.0.1 (``torch-index-url``), torch pinned to ``==2.13.0``,
+``variant = "cpu"``, Python 3.11, ``base-image`` ``--base-image`` (default the test base image);
+uv is given the same index first. ``--build`` then builds each lock into an image (``envbuild
+build --lock``, ``--network host``, ``--ca-bundle`` ``$PIP_CERT``), runs ``envbuild verify --cpu-ok``
+on it, imports the project's modules in it (projects.toml's ``imports``) and prints a second table:
+builder, steps run, build and verify seconds, size, the smoke test's checks. ``--engine-lock FILE``
+holds FILE (flock) around each engine command; the wait is not timed. The images are removed
+unless ``--keep-images``; ``--no-cache`` times a build with no layer cache. Usage:
   python bench/bench_real_projects.py [--tree PATH] [--project NAME]... [--python 3.12]
                                       [--timeout 600] [--project-line TOML]... [--json]
+                                      [--cpu-torch WHEEL [--base-image REF]]
+                                      [--build [--builder B] [--engine-lock FILE] [--no-cache]]
 """
 
 from __future__ import annotations
@@ -288,6 +300,7 @@ class Images:
     ca_bundle: str | None = None
     engine_lock: Path | None = None
     keep: bool = False
+    no_cache: bool = False
     timeout: float = 3600.0
     token: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
@@ -300,6 +313,9 @@ class Image:
     build_exit: int | None = None
     build_seconds: float = 0.0
     build_error: str = ""
+    backend: str = ""
+    steps: int = 0
+    ran: list[str] = field(default_factory=list)  # the build's steps not taken from the layer cache
     size: int = 0
     verify_exit: int | None = None
     verify_seconds: float = 0.0
@@ -342,13 +358,18 @@ def build_and_verify(inputs: Inputs, work: Path, env: dict[str, str], images: Im
     image = Image(tag=f"envbuild-bench/real-{inputs.name.lower()}:{images.token}", imports=inputs.imports)
     envbuild = [sys.executable, "-m", "envbuild"]
     build = [*envbuild, "build", "--lock", "envbuild.lock", "--network", "host", "--tag", image.tag,
-             "--builder", images.builder, *(["--ca-bundle", images.ca_bundle] if images.ca_bundle else [])]
+             "--builder", images.builder, "--report", "build-report.json",
+             *(["--ca-bundle", images.ca_bundle] if images.ca_bundle else []),
+             *(["--no-cache"] if images.no_cache else [])]
     lock = images.engine_lock
     image.build_exit, image.build_seconds, _, err = _timed(build, work, env, images.timeout, lock)
     if image.build_exit != 0:
         image.build_error = first_error(err, "")
         return image
     try:
+        report = json.loads((work / "build-report.json").read_text(encoding="utf-8"))
+        image.backend, image.steps = str(report["backend"]), int(report["steps"])
+        image.ran = [str(step) for step in report["ran"]]
         done = subprocess.run(["docker", "image", "inspect", image.tag, "--format", "{{.Size}}"],
                               capture_output=True, text=True, check=True)
         image.size = int(done.stdout.strip())
@@ -406,8 +427,8 @@ def table(rows: list[Row]) -> str:
 
 def image_table(rows: list[Row]) -> str:
     """The Markdown table of the images (``--build``): one line per project whose lock was built."""
-    out = ["| project | build exit | build s | size MB | verify exit | verify s | checks (pass/skip/other) "
-           "| imports | first failure |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| project | build exit | builder | steps run | build s | size MB | verify exit | verify s "
+           "| checks (pass/skip/other) | imports | first failure |", "|---" * 11 + "|"]
     for row in rows:
         if (image := row.image) is None:
             continue
@@ -418,7 +439,8 @@ def image_table(rows: list[Row]) -> str:
                        if status not in ("pass", "skip")), image.build_error)
         imports = "-" if image.import_exit is None else ("ok" if image.import_exit == 0 else
                                                          f"exit {image.import_exit}")
-        out.append(f"| {row.project} | {_code_of(image.build_exit)} | {image.build_seconds:.0f} "
+        out.append(f"| {row.project} | {_code_of(image.build_exit)} | {image.backend} "
+                   f"| {len(image.ran)}/{image.steps} | {image.build_seconds:.0f} "
                    f"| {image.size / 1e6:.0f} | {_code_of(image.verify_exit)} | {image.verify_seconds:.0f} "
                    f"| {counted} | {imports} | {_cut(failed).replace('|', chr(92) + '|')} |")
     return "\n".join(out)
@@ -465,13 +487,14 @@ def main() -> int:
     parser.add_argument("--engine-lock", type=Path,
                         help="a file held (flock) around each engine command, e.g. /tmp/helpers-docker.lock")
     parser.add_argument("--keep-images", action="store_true", help="keep the images built")
+    parser.add_argument("--no-cache", action="store_true", help="build with no layer cache (a cold build)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
     python = args.python or ("3.11" if args.cpu_torch else "3.12")
     index = index_url(None, os.environ)
     uv = find_uv(None)
     images = Images(builder=args.builder, ca_bundle=args.ca_bundle, engine_lock=args.engine_lock,
-                    keep=args.keep_images) if args.build else None
+                    keep=args.keep_images, no_cache=args.no_cache) if args.build else None
     rows = []
     with contextlib.ExitStack() as stack:
         cpu = CpuStack(torch_index=stack.enter_context(torch_index(args.cpu_torch)),

@@ -4,6 +4,9 @@ Offline: every fixture is still the byte-exact file SOURCES.md says it is (its g
 and projects.toml names only files that are there. Marked ``network``: two projects that lock
 today are locked by envbuild and compiled by ``uv pip compile`` from the same files for the same
 Python and platform (bench/bench_real_projects.py's ``measure``), and every version must agree.
+Marked ``docker`` too: one project (transformers' summarization example, with its sdist-only
+rouge-score) locked on the CPU torch wheel, built into an image, verified and imported (the
+bench's ``--build``).
 """
 
 from __future__ import annotations
