@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import http.server
 import json
@@ -58,7 +59,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -275,20 +275,14 @@ def torch_index(wheel: Path) -> Iterator[str]:
             f'<html><body><a href="../../files/{quote(wheel.name)}#sha256={digest}">{wheel.name}</a>'
             "</body></html>\n", encoding="utf-8")
 
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, directory=str(root), **kwargs)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-        finally:
-            server.shutdown()
-            server.server_close()
+        quiet = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *_: None})
+        handler = functools.partial(quiet, directory=tmp)
+        with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            try:
+                yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+            finally:
+                server.shutdown()  # serve_forever returns; leaving the with closes the socket
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
