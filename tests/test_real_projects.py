@@ -129,7 +129,7 @@ def test_a_real_project_with_an_sdist_locks_builds_and_verifies(docker_api: obje
     """transformers' summarization example, its requirements.txt as written, plus the one line
     its sdist-only rouge-score needs (``build-sdists = true``), on the CPU torch 2.13.0 of the
     ``$PIP_FIND_LINKS`` wheelhouse (served on 127.0.0.1) and the test base image: the lock equals
-    uv pip compile's, rouge-score 0.1.2 is built from its sdist, the image builds, ``verify
+    uv pip compile's, rouge-score is built from its sdist, the image builds, ``verify
     --cpu-ok`` passes and the project's modules import in it (bench --build; the image is removed)."""
     index = _index_or_skip()
     wheel = Path(os.environ.get("PIP_FIND_LINKS", "/nonexistent")) / TORCH_WHEEL
@@ -153,7 +153,8 @@ def test_a_real_project_with_an_sdist_locks_builds_and_verifies(docker_api: obje
     assert row.envbuild.exit == 0, row.envbuild.error
     assert row.envbuild.versions == row.uv.versions, row.differences
     assert row.envbuild.versions["torch"] == "2.13.0+cpu"
-    assert row.envbuild.versions["rouge-score"] == "0.1.2" and row.envbuild.sdist_only == ["rouge-score"]
+    # rouge-score's newest release (0.1.2 on 2026-11-28) is an sdist only: built in the image
+    assert row.envbuild.sdist_only == ["rouge-score"], row.envbuild.sdist_only
     image = row.image
     assert image is not None and image.build_exit == 0, image and image.build_error
     failed = [check for check in image.checks if check[1] not in ("pass", "skip")]
