@@ -398,7 +398,7 @@ def _count(side: Side) -> str:
 
 
 def _code(side: Side) -> str:
-    return "timeout" if side.exit is None else str(side.exit)
+    return _code_of(side.exit)
 
 
 def table(rows: list[Row]) -> str:
