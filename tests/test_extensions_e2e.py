@@ -18,22 +18,20 @@ loopback registry) are test_lock_e2e's. Needs dockerd, docker-registry and the i
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
-import http.server
 import io
 import json
 import os
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
+from test_lock_command import serve_directory
+from test_lock_e2e import client, envbuild, pushed_base, torch_index, wheelhouse
 
 __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, used by name
 
@@ -109,14 +107,8 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (root / "mulext-0.1.tar.gz").write_bytes(sdist_bytes(MUL_FILES))
     (root / "mulext-0.2.tar.gz").write_bytes(sdist_bytes(BROKEN_FILES, "0.2"))
     (root / "puresd-0.1.tar.gz").write_bytes(sdist_bytes(PURE_FILES, name="puresd"))
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_directory(root) as url:
+        yield f"{url}/"
 
 
 @pytest.fixture(scope="module")

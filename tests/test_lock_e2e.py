@@ -123,6 +123,15 @@ def local_index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 @pytest.fixture(scope="module")
+def torch_index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The torch page alone, for the other e2e modules that import it (each module its own
+    server: this module's rewrites of its pages reach no other)."""
+    root = tmp_path_factory.mktemp("torch-index")
+    with serve_directory(root) as url:
+        yield LocalIndex(root, url, wheelhouse).torch_url
+
+
+@pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, local_index: LocalIndex) -> Path:
     """A sample project: a pyproject with three small dependencies, its [tool.envbuild] block
     written by ``envbuild init --print`` plus the keys this machine needs."""
