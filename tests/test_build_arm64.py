@@ -1,7 +1,7 @@
 """arm64 images (issue 38): the builders get --platform linux/arm64 for an aarch64 target, the
 Dockerfile names the base's platform, bake names the target's platform; the smoke test's arch
-checks know sm_100/103/110/120/121 and the aarch64 lists. (Argv and recipes only: an emulated
-build is left to a session with qemu-user-static.)"""
+checks know sm_100/103/110/120/121 and the aarch64 lists. (Argv and recipes only: an arm64
+image built and verified under qemu is tests/test_arm64_emulated_e2e.py.)"""
 
 from __future__ import annotations
 

@@ -433,6 +433,56 @@ def test_buildah_copies_into_the_docker_engine_unless_no_load(tmp_path: Path, lo
     assert copies == ([["push", "t:1", "docker-daemon:t:1"]] if load else [])
 
 
+class _EngineHolding:
+    """A Docker API client that holds one image under ``base``."""
+
+    def __init__(self, image_id: str) -> None:
+        self.image_id = image_id
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        if ref != "base":
+            raise LookupError(ref)
+        return {"Id": self.image_id}
+
+
+@pytest.mark.parametrize("held, copied", [("", True), ("cd" * 32, True), ("ef" * 32, False)],
+                         ids=["none", "older", "the-engines"])
+def test_buildah_copies_a_base_tag_again_when_the_engines_image_id_differs(
+        tmp_path: Path, held: str, copied: bool) -> None:
+    """docs/faults.md U16: buildah's copy of ``base`` (its ``inspect`` answer: none, an older
+    image, the engine's own) against the engine's image ID: copied when they differ, tagged as
+    the engine's; left alone when they agree (the old check asked for the tag alone)."""
+    script = tmp_path / "buildah"
+    script.write_text(f"""#!/usr/bin/env python3
+import json, sys
+args = sys.argv[1:]
+with open({str(tmp_path / 'argv.jsonl')!r}, "a") as f:
+    f.write(json.dumps({{"argv": args}}) + "\\n")
+if args[0] == "inspect" and {held!r}:
+    print({held!r})
+elif args[0] == "pull":
+    print("Getting image source signatures\\n" + {"sha256:" + "ef" * 32!r})
+elif args[0] == "build":
+    open(args[args.index("--iidfile") + 1], "w").write({DIGEST!r})
+elif args[0] not in ("tag", "info"):
+    sys.exit(1)
+""")
+    script.chmod(0o755)
+    events: list[str] = []
+    BuildahBuilder(program=str(script), env=dict(os.environ), docker=_EngineHolding("sha256:" + "ef" * 32),
+                   load=False, layers=False).build(context_of("FROM base\nRUN true\n"), tag="t:1",
+                                                   network=None, labels={},
+                                                   progress=lambda e: events.append(e.text))
+    argvs = [c["argv"] for c in calls(tmp_path)]
+    assert ["inspect", "--type", "image", "--format", "{{.FromImageID}}", "base"] in argvs
+    pulls = [a for a in argvs if a[0] in ("pull", "tag")]
+    engine = "sha256:" + "ef" * 32
+    assert pulls == ([["pull", "docker-daemon:base"], ["tag", engine, "base"]] if copied else [])
+    if copied:
+        again = " again (there efefefefefef, buildah's copy cdcdcdcdcdcd)" if held else ""
+        assert events[0] == f"copying base from the Docker engine{again}"
+
+
 def test_no_load_is_for_buildah_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "--variant", "cpu", "--no-load"]) == 2
     err = capsys.readouterr().err

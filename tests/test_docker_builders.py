@@ -6,6 +6,7 @@ with buildah leave nothing behind. Needs dockerd, buildah and docker-registry (D
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -303,3 +304,53 @@ def test_buildah_builds_on_a_base_pinned_by_digest_in_a_loopback_registry(
     finally:
         subprocess.run([*buildah.base(), "rmi", "-f", tag, pinned], capture_output=True, check=False)
         client.remove_image(f"{repository}:base", force=True)
+
+
+def test_buildah_builds_on_the_base_as_the_docker_engine_holds_it_now(
+        buildah: BuildahBuilder, client: Any, base_image: str) -> None:
+    """docs/faults.md U16: a base tag buildah once copied from the Docker engine, then rebuilt
+    there with other content, is copied again (buildah's copy and the engine's image compared
+    by image ID, not by tag): the next build is on the new base, not on buildah's older copy."""
+    from envbuild.engine.build import SdkBuilder
+
+    token = os.urandom(4).hex()
+    base, tag = f"envbuild-test/rebased-{token}:base", f"envbuild-test/on-rebased-{token}:1"
+    engine_images: list[str] = []
+    before = buildah_images(buildah)
+
+    def make_base(content: str) -> None:
+        context = io.BytesIO()
+        context_tar({"Dockerfile": f"FROM {base_image}\nRUN echo {content} > /marker\n".encode()}, context)
+        engine_images.append(SdkBuilder(client=client).build(
+            context, tag=base, network="none", labels={}, progress=lambda e: None).image_id)
+
+    def build_on_it() -> tuple[str, list[str]]:
+        context = io.BytesIO()
+        context_tar({"Dockerfile": f"FROM {base}\nRUN cp /marker /seen\n".encode()}, context)
+        events: list[str] = []
+        engine_images.append(BuildahBuilder(docker=client).build(
+            context, tag=tag, network="host", labels={}, progress=lambda e: events.append(e.text)).image_id)
+        seen = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, "cat", "/seen"],
+                              capture_output=True, text=True, check=True, timeout=120)
+        return seen.stdout.strip(), events
+
+    try:
+        make_base(f"first-{token}")
+        seen, events = build_on_it()
+        assert seen == f"first-{token}" and f"copying {base} from the Docker engine" in events
+        assert buildah.image_id(base) == engine_images[0]  # buildah's copy: the engine's image
+        make_base(f"second-{token}")  # the same tag, rebuilt in the engine
+        seen, events = build_on_it()
+        assert seen == f"second-{token}", "buildah built on its older copy of the base"
+        assert any(e.startswith(f"copying {base} from the Docker engine again") for e in events), events
+        assert buildah.image_id(base) == engine_images[2]
+        _, events = build_on_it()  # unchanged: not copied a third time
+        assert not any("from the Docker engine" in e and "copying" in e for e in events), events
+    finally:
+        subprocess.run([*buildah.base(), "rmi", tag, base], capture_output=True, check=False)
+        made = buildah_images(buildah) - before
+        if made:
+            subprocess.run([*buildah.base(), "rmi", "--force", *made], capture_output=True, check=False)
+        for image in [tag, base, *reversed(engine_images)]:
+            with contextlib.suppress(Exception):
+                client.remove_image(image, force=True)

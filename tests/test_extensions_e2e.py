@@ -8,6 +8,9 @@ Beside it, a requirement that exists only as an sdist (``mulext``, a CppExtensio
 tensors, served from a 127.0.0.1 find-links page): ``build-sdists`` locks the sdist's sha256 in
 the pylock and the same stage builds it against the same torch; the build records both wheels'
 sha256 in envbuild.built.json, ``lock --check`` prints them, and a record that differs is exit 6.
+A third, ``puresd``, is a pure-Python sdist: lock classifies it pure and it is built in the
+envbuild-sdists stage, whose venv has no torch (its setup.py fails the build where torch is
+importable), and installed with its wheel's sha256 recorded like the others (#37 item 2).
 
 The fixtures (the wheelhouse served as torch's index on 127.0.0.1, the base image in a
 loopback registry) are test_lock_e2e's. Needs dockerd, docker-registry and the index.
@@ -15,23 +18,21 @@ loopback registry) are test_lock_e2e's. Needs dockerd, docker-registry and the i
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
-import http.server
 import io
 import json
 import os
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import tagged
-from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
+from test_lock_command import serve_directory
+from test_lock_e2e import client, envbuild, pushed_base, torch_index, wheelhouse
 
 __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, used by name
 
@@ -70,18 +71,31 @@ MUL_FILES = {
 }
 
 
+# puresd 0.1: a pure-Python sdist (no native source, nothing of torch in its build), which lock
+# classifies pure: built in the envbuild-sdists stage, which has no torch. Its setup.py proves it:
+# the build fails where torch is importable.
+PURE_FILES = {
+    "PKG-INFO": "Metadata-Version: 2.2\nName: puresd\nVersion: 0.1\n",
+    "setup.py": ("import importlib.util\nfrom setuptools import setup\n\n"
+                 "if importlib.util.find_spec('torch') is not None:\n"
+                 "    raise SystemExit('puresd: built where torch is installed')\n"
+                 "setup(name='puresd', version='0.1', py_modules=['puresd'])\n"),
+    "puresd.py": "def twice(x):\n    return 2 * x\n",
+}
+
+
 # mulext 0.2: the same, but its source does not compile.
 BROKEN_FILES = {**MUL_FILES, "PKG-INFO": MUL_FILES["PKG-INFO"].replace("0.1", "0.2"),
                 "mul.cpp": MUL_FILES["mul.cpp"].replace("a * b;", "a * ;")}
 
 
-def sdist_bytes(files: dict[str, str], version: str = "0.1") -> bytes:
+def sdist_bytes(files: dict[str, str], version: str = "0.1", name: str = "mulext") -> bytes:
     """The sdist, the same bytes every time (gzip's header time 0)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, text in sorted(files.items()):
+        for path, text in sorted(files.items()):
             data = text.encode()
-            info = tarfile.TarInfo(f"mulext-{version}/{name}")
+            info = tarfile.TarInfo(f"{name}-{version}/{path}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return gzip.compress(buffer.getvalue(), mtime=0)
@@ -93,14 +107,9 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("sdist-links")
     (root / "mulext-0.1.tar.gz").write_bytes(sdist_bytes(MUL_FILES))
     (root / "mulext-0.2.tar.gz").write_bytes(sdist_bytes(BROKEN_FILES, "0.2"))
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    (root / "puresd-0.1.tar.gz").write_bytes(sdist_bytes(PURE_FILES, name="puresd"))
+    with serve_directory(root) as url:
+        yield f"{url}/"
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +126,8 @@ def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, torch_in
     (directory / "envbuild.toml").write_text(
         f'torch = "==2.13.0"\nvariant = "cpu"\npython = "3.11"\ncompanions = false\n'
         f'base-image = "{pushed_base}"\ntorch-index-url = "{torch_index}"\n'
-        f'dependencies = ["setuptools>=70.1", "mulext==0.1"]\nextensions = ["native/addext"]\n'
-        f'build-sdists = ["mulext"]\nfind-links = ["{links}"]\n'
+        f'dependencies = ["setuptools>=70.1", "mulext==0.1", "puresd==0.1"]\nextensions = ["native/addext"]\n'
+        f'build-sdists = ["mulext", "puresd"]\nfind-links = ["{links}"]\n'
         # without torch.compile's toolchain, so that a compiler in the image could only have come
         # with the extension (it must not)
         'compile-toolchain = false\n')
@@ -147,21 +156,26 @@ def test_the_extension_is_built_against_the_lock_and_called_in_the_image(client:
     assert ext["dir"] == "native/addext" and ext["name"] == "addext" and len(ext["sha256"]) == 64
     assert target["packages"]["torch"] == "2.13.0+cpu" and "addext" not in target["packages"]
     # The sdist-only requirement: locked by its sdist's sha256, as uv writes it in the pylock.
-    assert target["sdists"] == ["mulext"] and target["packages"]["mulext"] == "0.1"
+    assert target["sdists"] == ["mulext", "puresd"] and target["packages"]["mulext"] == "0.1"
+    # mulext compiles against torch (a .cpp, torch in its build); puresd is pure Python
+    assert target["sdist_kinds"] == {"mulext": {"kind": "native"},
+                                     "puresd": {"kind": "pure", "requires": ["setuptools"]}}
     pylock = (project / target["pylock"]["file"]).read_text()
     digest = hashlib.sha256(sdist_bytes(MUL_FILES)).hexdigest()
     assert f'sdist = {{ url = "{links}mulext-0.1.tar.gz"' in pylock and f'sha256 = "{digest}"' in pylock
     built = build(project, TAG)
     assert built.returncode == 0, (built.stdout + built.stderr)[-4000:]
-    assert "extension wheels: 2 recorded in envbuild.built.json" in built.stdout, built.stdout[-2000:]
-    code = ("import torch, addext, mulext; a, b = torch.ones(3), torch.full((3,), 2.0); "
-            "print(addext.add(a, b).tolist(), mulext.mul(b, b).tolist())")
-    assert in_image(TAG, "/opt/venv/bin/python", "-c", code).strip() == "[3.0, 3.0, 3.0] [4.0, 4.0, 4.0]"
+    assert "extension wheels: 3 recorded in envbuild.built.json" in built.stdout, built.stdout[-2000:]
+    code = ("import torch, addext, mulext, puresd; a, b = torch.ones(3), torch.full((3,), 2.0); "
+            "print(addext.add(a, b).tolist(), mulext.mul(b, b).tolist(), puresd.twice(21))")
+    assert in_image(TAG, "/opt/venv/bin/python", "-c", code).strip() == \
+        "[3.0, 3.0, 3.0] [4.0, 4.0, 4.0] 42"
+    # puresd's setup.py stops where torch is importable: it was built in the stage without torch
     # The built wheels' sha256, printed by the build stage, are kept in the image and recorded
     # beside the lock under their build key (source sha256, torch, CUDA, arch list, Python).
     sums = dict(reversed(line.split()) for line in
                 in_image(TAG, "cat", "/opt/envbuild/extension-wheels.sha256").splitlines())
-    assert sorted(w.split("-")[0] for w in sums) == ["addext", "mulext"], sums
+    assert sorted(w.split("-")[0] for w in sums) == ["addext", "mulext", "puresd"], sums
     record = json.loads((project / "envbuild.built.json").read_text())
     assert {(w["name"], w["wheel"], w["sha256"]) for w in record["wheels"]} == \
         {(w.split("-")[0], w, sha) for w, sha in sums.items()}

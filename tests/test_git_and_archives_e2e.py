@@ -11,14 +11,11 @@ registry) are test_lock_e2e's. Needs dockerd, docker-registry, git and the index
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,8 @@ from typing import Any
 import pytest
 from conftest import tagged
 from test_git_and_archives import _git
-from test_lock_e2e import _QuietHandler, client, envbuild, pushed_base, torch_index, wheelhouse
+from test_lock_command import serve_directory
+from test_lock_e2e import client, envbuild, pushed_base, torch_index, wheelhouse
 
 __all__ = ["client", "pushed_base", "torch_index", "wheelhouse"]  # fixtures, used by name
 
@@ -61,16 +59,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     sdist = root / "www" / "arch-1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as archive:
         archive.add(tree, arcname="arch-1.0")
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root / "www")))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+    with serve_directory(root / "www") as base:
         yield {"repo": f"{base}/gitthing.git", "commit": commit, "sdist": f"{base}/arch-1.0.tar.gz",
                "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()}
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_git_source_and_an_archive_are_built_into_the_image(

@@ -502,7 +502,8 @@ def test_lock_json_matches_its_schema_and_says_what_changed(tmp_path: Path, inde
                                  "python": "3.11", "platform": "linux/amd64",
                                  "base_image": BASE.split("@")[0],
                                  "base_digest": BASE.split("@")[1], "base_pinned": True,
-                                 "distributions": 3, "pylock": "pylock.toml", "sdists": [], "held_back": []}]
+                                 "distributions": 3, "pylock": "pylock.toml", "sdists": [], "held_back": [],
+                                 "sdist_kinds": {}}]
     assert {f["path"]: f["sha256"] for f in first["files"]} == {
         name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
         for name in ("envbuild.lock", "pylock.toml")}

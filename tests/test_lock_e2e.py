@@ -3,30 +3,32 @@
 the image's installed set equal to the pylock → ``verify --cpu-ok``; one requirement added →
 ``lock --check`` says stale → re-lock → the rebuild reuses the torch layer, byte for byte, with the
 classic builder (two stages: the CA bundle) and with buildah; two no-cache builds of one lock give
-the same files (classic) and one image ID (buildah).
+the same files (classic) and one image ID (buildah), also when the index moved on between them
+(a year later: torch's link gone from its page, a newer release of a dependency there).
 
 torch 2.13.0+cpu comes from the ``$PIP_FIND_LINKS`` wheelhouse, served on 127.0.0.1 as the
-variant's index (PyTorch's own index is not reachable here); the project's small dependencies
-come from the configured package index through the proxy whose CA ``--ca-bundle`` trusts.
+variant's index (PyTorch's own index is not reachable here), beside a find-links page offering
+``yearprobe``, a tiny wheel the test makes; the project's other small dependencies come from the
+configured package index through the proxy whose CA ``--ca-bundle`` trusts.
 Needs dockerd, docker-registry and the index (see DEVELOPERS.md); CI runs it.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import tagged
+from test_direct_wheels import wheel_bytes  # a real tiny wheel
+from test_lock_command import serve_directory  # a static index on 127.0.0.1
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -34,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 TAG = tagged("envbuild-test/locked:1")
 TAG_2 = tagged("envbuild-test/locked:2")
-DEPENDENCIES = ["six>=1.16", "idna>=3.7"]
+PROBE = "yearprobe"  # offered by the local index's find-links page: 1.0, later 1.1 too
+DEPENDENCIES = [PROBE, "six>=1.16", "idna>=3.7"]
 ADDED = "attrs>=23.1"
 # What the venv has before envbuild installs anything (ensurepip, Python 3.11): not the lock's.
 BOOTSTRAP = {"pip", "setuptools"}
@@ -73,37 +76,66 @@ def pushed_base(client: Any, loopback_registry: str) -> str:
     return f"{repository}:base"
 
 
+class LocalIndex:
+    """A PEP 503 index of one file on 127.0.0.1 standing in for PyTorch's cpu index
+    (``simple/torch/``), and a find-links page (``probe/``) offering ``yearprobe``; both are files
+    a test rewrites (a link removed, a newer release added) while the server runs."""
+
+    def __init__(self, root: Path, url: str, wheelhouse: Path) -> None:
+        self.root, self.url = root, url
+        (root / "files").mkdir()
+        (root / "files" / TORCH_WHEEL).symlink_to(wheelhouse / TORCH_WHEEL)
+        self.torch_digest = hashlib.sha256((wheelhouse / TORCH_WHEEL).read_bytes()).hexdigest()
+        (root / "simple" / "torch").mkdir(parents=True)
+        (root / "probe").mkdir()
+        self.offer_torch(True)
+        self.offer_probe("1.0")
+
+    @property
+    def torch_url(self) -> str:
+        return f"{self.url}/simple"
+
+    @property
+    def probe_url(self) -> str:
+        return f"{self.url}/probe/"
+
+    def offer_torch(self, linked: bool) -> None:
+        """torch's page with its link, or without it (the file stays at its URL)."""
+        quoted = TORCH_WHEEL.replace("+", "%2B")
+        link = f'<a href="../../files/{quoted}#sha256={self.torch_digest}">{TORCH_WHEEL}</a>'
+        (self.root / "simple" / "torch" / "index.html").write_text(
+            f"<html><body>{link if linked else ''}</body></html>\n")
+
+    def offer_probe(self, *versions: str) -> None:
+        links = []
+        for version in versions:
+            name = f"{PROBE}-{version}-py3-none-any.whl"
+            data = wheel_bytes(PROBE, version)
+            (self.root / "probe" / name).write_bytes(data)
+            links.append(f'<a href="{name}#sha256={hashlib.sha256(data).hexdigest()}">{name}</a>')
+        page = "<html><body>\n" + "\n".join(links) + "\n</body></html>\n"
+        (self.root / "probe" / "index.html").write_text(page)
+
+
+@pytest.fixture(scope="module")
+def local_index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalIndex]:
+    root = tmp_path_factory.mktemp("local-index")
+    with serve_directory(root) as url:
+        yield LocalIndex(root, url, wheelhouse)
+
+
 @pytest.fixture(scope="module")
 def torch_index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A PEP 503 index of one file on 127.0.0.1, standing in for PyTorch's cpu index."""
+    """The torch page alone, for the other e2e modules that import it (each module its own
+    server: this module's rewrites of its pages reach no other)."""
     root = tmp_path_factory.mktemp("torch-index")
-    (root / "files").mkdir()
-    (root / "files" / TORCH_WHEEL).symlink_to(wheelhouse / TORCH_WHEEL)
-    digest = hashlib.sha256((wheelhouse / TORCH_WHEEL).read_bytes()).hexdigest()
-    page = root / "simple" / "torch"
-    page.mkdir(parents=True)
-    quoted = TORCH_WHEEL.replace("+", "%2B")
-    page.joinpath("index.html").write_text(
-        f'<html><body><a href="../../files/{quoted}#sha256={digest}">{TORCH_WHEEL}</a></body></html>\n')
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    with serve_directory(root) as url:
+        yield LocalIndex(root, url, wheelhouse).torch_url
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, torch_index: str) -> Path:
-    """A sample project: a pyproject with two small dependencies, its [tool.envbuild] block
+def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, local_index: LocalIndex) -> Path:
+    """A sample project: a pyproject with three small dependencies, its [tool.envbuild] block
     written by ``envbuild init --print`` plus the keys this machine needs."""
     directory = tmp_path_factory.mktemp("sample")
     done = envbuild("init", "--print", "--torch", "==2.13.0", "--variant", "cpu", "--python", "3.11",
@@ -111,7 +143,8 @@ def project(tmp_path_factory: pytest.TempPathFactory, pushed_base: str, torch_in
     assert done.returncode == 0, done.stderr
     block = done.stdout
     assert "[tool.envbuild]" in block
-    extra = f'base-image = "{pushed_base}"\ntorch-index-url = "{torch_index}"\n'
+    extra = (f'base-image = "{pushed_base}"\ntorch-index-url = "{local_index.torch_url}"\n'
+             f'find-links = ["{local_index.probe_url}"]\n')
     block = block.replace("[tool.envbuild]\n", "[tool.envbuild]\n" + extra, 1)
     # No CPU build of torchvision/torchaudio is reachable here: torch alone.
     assert "companions = true" in block
@@ -258,13 +291,16 @@ def test_adding_a_requirement_is_stale_then_rebuilds_on_the_torch_layer(client: 
 
 def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, project: Path,
                                                                   locked: dict[str, Any],
+                                                                  local_index: LocalIndex,
+                                                                  tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/faults.md U11 with buildah (BuildKit syntax, one stage, its layer cache): the image
     built after adding a dependency holds the first image's torch layer, byte for byte. U12:
     with SOURCE_DATE_EPOCH set, two builds of that lock with ``--no-cache`` (and ``--no-load``:
-    nothing copied into the Docker engine) have one image ID, and the layers of the cached one."""
-    import shutil
-
+    nothing copied into the Docker engine) have one image ID, and the layers of the cached one.
+    I15, a year later: between those two builds the index moved on (torch's link gone from its
+    page, the file still at its URL; yearprobe 1.1 offered beside the locked 1.0), and the
+    second is still the first image, while a lock made now would take yearprobe 1.1."""
     if shutil.which("buildah") is None:
         if os.environ.get("ENVBUILD_REQUIRE_DOCKER"):
             pytest.fail("ENVBUILD_REQUIRE_DOCKER is set but there is no buildah")
@@ -283,12 +319,36 @@ def test_buildah_keeps_the_torch_layer_when_a_dependency_is_added(client: Any, p
         assert_torch_layer_kept(client, tags[0], tags[1])
         # U12: two --no-cache builds of that lock give one image ID; their layers are the cached
         # build's too (its history may name older intermediate images: compared by layers).
-        again = [build(project, tag, "--builder", "buildah", "--no-cache", "--no-load") for tag in tags[2:]]
-        assert all(any("torch.txt" in step for step in r["ran"]) for r in again)  # built anew
-        assert again[0]["image_id"] == again[1]["image_id"], "two --no-cache builds, two image IDs"
-        assert _buildah_layers(tags[2]) == _buildah_layers(tags[1])
+        def lock_files() -> tuple[bytes, bytes]:
+            return (project / "envbuild.lock").read_bytes(), (project / "pylock.toml").read_bytes()
+
+        lock_bytes = lock_files()
+        assert json.loads(lock_bytes[0])["targets"]["default"]["packages"][PROBE] == "1.0"
+        first = build(project, tags[2], "--builder", "buildah", "--no-cache", "--no-load")
+        # I15: the index moves on under the lock (pytorch/pytorch#193491's August 2026 case and
+        # a newer release), and the same lock is built again from nothing.
+        local_index.offer_torch(False)
+        local_index.offer_probe("1.0", "1.1")
+        second = build(project, tags[3], "--builder", "buildah", "--no-cache", "--no-load")
+        assert lock_files() == lock_bytes  # the same lock, not touched by the build
+        assert all(any("torch.txt" in step for step in r["ran"]) for r in (first, second))  # built anew
+        assert first["image_id"] == second["image_id"], "one lock, two --no-cache builds, two image IDs"
+        layers = _buildah_layers(tags[2])
+        assert _buildah_layers(tags[3]) == layers  # every diff ID, the Python environment's among them
+        assert layers == _buildah_layers(tags[1])
         assert not client.images(name=tags[2])  # --no-load: not copied into the Docker engine
+        # What the index offers now is another closure: a lock made afresh takes yearprobe 1.1
+        # (with torch's link back: without it no lock can be made, only the old one built).
+        # --upgrade: a plain lock may answer from uv's cache of the find-links page, which kept 1.0.
+        local_index.offer_torch(True)
+        shutil.copy(pyproject, tmp_path / "pyproject.toml")
+        done = envbuild("lock", "--upgrade", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        now = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]["default"]["packages"]
+        assert now[PROBE] == "1.1" and now["torch"] == "2.13.0+cpu"
     finally:
+        local_index.offer_torch(True)
+        local_index.offer_probe("1.0")
         pyproject.write_text(text)
         assert envbuild("lock", cwd=project).returncode == 0
         for tag in tags:

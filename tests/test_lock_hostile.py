@@ -23,6 +23,7 @@ from envbuild.commands.cli import main
 from envbuild.data import matrix as matrixmod
 from envbuild.data.versions import DriverVersion, parse_requirement
 from envbuild.errors import UsageError
+from envbuild.extensions.classify import Recorded
 from envbuild.extensions.tree import extension
 from envbuild.fleet.placement import KubernetesPlacement, Placement, SlurmPlacement
 from envbuild.render import docker as render
@@ -92,7 +93,10 @@ def baselines(matrix: matrixmod.Matrix, extension_root: Path) -> dict[str, str]:
                                       torch_layer=tuple(sorted(set(packages) - {"requests", "mulext"})),
                                       platform="x86_64-manylinux_2_35", exclude_newer="2026-11-01T00:00:00Z"),
                                   extensions=(extension(extension_root, "native/addext", "extension"),),
-                                  sdists=tuple(SDISTS), apt_snapshot="20261101T000000Z")
+                                  sdists=tuple(SDISTS), apt_snapshot="20261101T000000Z",
+                                  # mulext's kind (lock reads the sdist): a pure one, with its build's
+                                  # requirements, so every hostile value is tried on both.
+                                  sdist_kinds=(Recorded(name="mulext", pure=True, requires=("setuptools",)),))
     # Where the target's nodes live (docs/fleet.md): every placement field, so each is mutated too.
     fleet = Placement(nodes=4, gpus_per_node=8, runs_on=("self-hosted", "h100"),
                       slurm=SlurmPlacement(partition="h100", gres="gpu:h100", launcher="host"),

@@ -4,12 +4,16 @@ Offline: every fixture is still the byte-exact file SOURCES.md says it is (its g
 and projects.toml names only files that are there. Marked ``network``: two projects that lock
 today are locked by envbuild and compiled by ``uv pip compile`` from the same files for the same
 Python and platform (bench/bench_real_projects.py's ``measure``), and every version must agree.
+Marked ``docker`` too: one project (transformers' summarization example, with its sdist-only
+rouge-score) locked on the CPU torch wheel, built into an image, verified and imported (the
+bench's ``--build``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -114,3 +118,48 @@ def test_lock_equals_uv_pip_compile_of_the_same_files(project: str) -> None:
     assert row.platform.startswith("x86_64-manylinux_2_")
     assert "torch" in row.envbuild.versions and "torchvision" in row.envbuild.versions
     assert row.envbuild.versions == row.uv.versions, row.differences
+
+
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_a_real_project_with_an_sdist_locks_builds_and_verifies(docker_api: object) -> None:
+    """transformers' summarization example, its requirements.txt as written, plus the one line
+    its sdist-only rouge-score needs (``build-sdists = true``), on the CPU torch 2.13.0 of the
+    ``$PIP_FIND_LINKS`` wheelhouse (served on 127.0.0.1) and the test base image: the lock equals
+    uv pip compile's, rouge-score is built from its sdist, the image builds, ``verify
+    --cpu-ok`` passes and the project's modules import in it (bench --build; the image is removed)."""
+    index = _index_or_skip()
+    wheel = Path(os.environ.get("PIP_FIND_LINKS", "/nonexistent")) / TORCH_WHEEL
+    if not wheel.is_file():
+        pytest.skip(f"no {TORCH_WHEEL} in $PIP_FIND_LINKS")
+    import subprocess
+
+    base = subprocess.run(["bash", str(ROOT / "scripts" / "base-image.sh")], capture_output=True,
+                          text=True, timeout=1200)
+    assert base.returncode == 0, base.stderr[-2000:]
+    bench = _bench()
+    (inputs,) = bench.corpus(["transformers-summarization"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-bench" / "uv"
+    from envbuild.pylock.uv import find_uv
+
+    with bench.torch_index(wheel) as url:
+        row = bench.measure(inputs, tree=ROOT, python="3.11", timeout=600.0, cache=cache, index=index,
+                            uv=find_uv(None), more=("build-sdists = true",),
+                            cpu=bench.CpuStack(torch_index=url, base=base.stdout.strip().splitlines()[-1]),
+                            images=bench.Images(ca_bundle=os.environ.get("PIP_CERT"), timeout=1800.0))
+    assert row.envbuild.exit == 0, row.envbuild.error
+    assert row.envbuild.versions == row.uv.versions, row.differences
+    assert row.envbuild.versions["torch"] == "2.13.0+cpu"
+    # rouge-score's newest release (0.1.2 on 2026-11-28) is an sdist only: built in the image
+    assert row.envbuild.sdist_only == ["rouge-score"], row.envbuild.sdist_only
+    image = row.image
+    assert image is not None and image.build_exit == 0, image and image.build_error
+    failed = [check for check in image.checks if check[1] not in ("pass", "skip")]
+    assert image.verify_exit == 0 and not failed, failed or image.checks
+    assert ("lock", "pass") in [(name, status) for name, status, _ in image.checks]
+    assert image.import_exit == 0, image.import_output
+    imported = json.loads(image.import_output.splitlines()[-1])
+    assert set(imported) == set(inputs.imports) and imported["torch"] == "2.13.0+cpu"

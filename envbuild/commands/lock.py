@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from envbuild.commands.lockview import Steps
     from envbuild.data.matrix import Matrix
+    from envbuild.extensions.classify import Recorded
     from envbuild.project.model import Project, Target
     from envbuild.pylock.sourceonly import HeldBack
     from envbuild.pylock.uv import ClosureSpec
@@ -488,8 +489,32 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                      layers=(), extensions=() if project is None else project.extensions,
                      sdists=tuple(sorted(built | set(closure.sdists))),
                      build_env=() if project is None else project.build_env)
+    if locked.sdists:  # which of them build without torch (a stage of their own)
+        from envbuild.extensions.sdists import classify_locked
+
+        kinds, said = classify_locked(pylock, locked.sdists, env=env, offline=args.offline,
+                                      previous=_previous_kinds(old))
+        for line in said:
+            steps.step(line)
+        locked = replace(locked, sdist_kinds=kinds)
     check_lock(locked)
     return locked
+
+
+def _previous_kinds(old: Lock | None) -> dict[str, tuple[str, Recorded]]:
+    """{name: (its sdist's sha256, its kind)} of the previous lock: an unchanged sdist is not
+    fetched again to be classified."""
+    if old is None or old.pylock is None or not old.sdist_kinds:
+        return {}
+    from envbuild.pylock.files import read_pylock
+
+    pylock = read_pylock(old.pylock.text)
+    found = {}
+    for kind in old.sdist_kinds:
+        sdist = pylock.package(kind.name).sdist
+        if sdist is not None:
+            found[kind.name] = (sdist.sha256, kind)
+    return found
 
 
 def _built(pylock_text: str) -> set[str]:

@@ -107,4 +107,5 @@ def _target(name: str, lock: Lock, held: tuple[HeldBack, ...]) -> dict[str, obje
             "base_pinned": lock.base_digest is not None,
             "distributions": len(lock.packages),
             "pylock": None if lock.pylock is None else lock.pylock.file,
-            "sdists": list(lock.sdists), "held_back": [h.to_json() for h in held]}
+            "sdists": list(lock.sdists), "held_back": [h.to_json() for h in held],
+            "sdist_kinds": {k.name: k.to_json() for k in lock.sdist_kinds}}

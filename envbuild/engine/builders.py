@@ -13,8 +13,8 @@ buildah keeps images in its own storage, with the driver buildah is configured f
 (containers-storage.conf; ``STORAGE_DRIVER`` in the environment is passed as ``--storage-driver``)
 and chroot isolation (``BUILDAH_ISOLATION`` overrides): root, no user namespaces needed. Its layer
 cache (``--layers``) is on unless the driver is vfs, which would keep every cached step as a whole
-copy of the root file system. A base image that buildah
-lacks but the Docker engine holds is copied from it first (``docker-daemon:`` transport),
+copy of the root file system. A base image (a tag) the Docker engine holds is copied from it
+first (``docker-daemon:`` transport) when buildah lacks it or holds another image ID under it,
 and the built image is copied to the Docker engine afterwards when one answers, so that
 ``envbuild verify`` runs it (see DEVELOPERS.md), unless ``load`` is off (``build --no-load``:
 the image pushed, then verified by its digest, saves a copy of the whole image).
@@ -276,13 +276,26 @@ class BuildahBuilder:
                            check=False)
 
     def has_image(self, ref: str) -> bool:
-        done = subprocess.run([*self.base(), "inspect", "--type", "image", ref],
-                              capture_output=True, env=dict(self.env), check=False)
-        return done.returncode == 0
+        return self.image_id(ref) is not None
+
+    def image_id(self, ref: str) -> str | None:
+        """The ID (``sha256:…``, its config's digest, as the Docker engine's) of the image ``ref``
+        names in buildah's storage, resolved as a FROM line resolves it; None when none."""
+        done = subprocess.run([*self.base(), "inspect", "--type", "image", "--format", "{{.FromImageID}}",
+                               ref], capture_output=True, text=True, env=dict(self.env), check=False)
+        found = done.stdout.strip()
+        if done.returncode != 0 or not found:
+            return None
+        return found if found.startswith("sha256:") else f"sha256:{found}"
 
     def _seed_bases(self, dockerfile: str, progress: Callable[[BuildEvent], None]) -> None:
-        """Copy each FROM image buildah lacks from the Docker engine, when that holds it (the
-        base of a registry-less machine lives there); the rest buildah pulls itself.
+        """Give buildah each FROM image as the Docker engine holds it, when the engine holds it
+        (the base of a registry-less machine lives there); the rest buildah pulls itself.
+
+        A tag is compared by image ID, not by name: a base rebuilt in the engine under the same
+        tag is copied again, where a check for the tag alone left buildah building on its older
+        copy without a word (docs/faults.md U16). Where the engine holds the tag, its image is
+        the one built on, also over an image buildah itself built under that tag.
 
         A base pinned by digest (a lock's) comes from its registry, never from the engine: the
         engine's copy would be a different manifest, and ``docker-daemon:`` takes no digest. A
@@ -291,19 +304,23 @@ class BuildahBuilder:
         stages = {m.split()[-1].lower() for m in re.findall(r"^FROM\s.*\sAS\s+\S+", dockerfile,
                                                              re.IGNORECASE | re.MULTILINE)}
         for ref in dict.fromkeys(_FROM_RE.findall(dockerfile)):
-            if ref.lower() in stages or self.has_image(ref):
+            if ref.lower() in stages:
                 continue
             if "@sha256:" in ref:
-                if _loopback(ref):
+                if _loopback(ref) and not self.has_image(ref):
                     self._pull_loopback(ref, progress)
                 continue
             if self.docker is None:
                 continue
             try:
-                self.docker.inspect_image(ref)  # type: ignore[attr-defined]
-            except Exception:  # not there: buildah pulls it from its registry
+                engine_id = str(self.docker.inspect_image(ref)["Id"])  # type: ignore[attr-defined]
+            except Exception:  # not there: buildah uses its own copy or pulls it from its registry
                 continue
-            progress(BuildEvent(kind="download", text=f"copying {ref} from the Docker engine"))
+            held = self.image_id(ref)
+            if held == engine_id:
+                continue
+            again = "" if held is None else f" again (there {engine_id[7:19]}, buildah's copy {held[7:19]})"
+            progress(BuildEvent(kind="download", text=f"copying {ref} from the Docker engine{again}"))
             copied = subprocess.run([*self.base(), "pull", f"docker-daemon:{ref}"],
                                     capture_output=True, text=True, env=dict(self.env), check=False)
             if copied.returncode != 0:

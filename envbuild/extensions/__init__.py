@@ -9,6 +9,8 @@
 
 - :mod:`envbuild.extensions.sdists`: requirements only an sdist provides (``build-sdists``),
   locked by the sdist's sha256 and built in the same stage.
+- :mod:`envbuild.extensions.classify`: which of those sdists are pure Python (read from the
+  archive at lock time, never run): they are built in a stage without the torch layer.
 - :mod:`envbuild.extensions.record`: the built wheels' sha256 by build key (source sha256,
   torch, CUDA, arch list, Python) in ``envbuild.built.json`` beside the lock.
 

@@ -15,13 +15,15 @@ for pip cannot carry an option.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
 from envbuild.confine import quoted, token
-from envbuild.errors import UsageError
+from envbuild.errors import DataError, UsageError
+from envbuild.extensions.classify import Recorded, classify
 from envbuild.pylock.files import Pylock, PylockPackage
 from envbuild.pylock.install import is_remote_url
 
@@ -99,3 +101,56 @@ def check_lock_sdists(names: Sequence[str], packages: Iterable[str]) -> None:
     if missing:
         raise UsageError(f"lock 'sdists' names {token(missing[0])}, which the lock's packages lack",
                          hint="re-create the lock")
+
+
+MAX_SDIST_BYTES = 512 * 1024 ** 2
+FETCH_TIMEOUT_S = 900.0
+Fetch = Callable[[str], bytes]
+
+
+def classify_locked(pylock: Pylock, names: Iterable[str], *, env: Mapping[str, str], offline: bool,
+                    previous: Mapping[str, tuple[str, Recorded]] = {},
+                    fetch: Fetch | None = None) -> tuple[tuple[Recorded, ...], list[str]]:
+    """Each sdist's kind (envbuild/extensions/classify.py) and a line saying it: the file fetched
+    by the pylock's URL and checked against its sha256 (DataError, exit 4, when it differs), or
+    the previous lock's kind for the same sha256. A git source, a local file and, offline, an sdist
+    not classified before are native: built in the extensions stage, as before there were kinds."""
+    get = fetch or _fetcher(env)
+    kinds: list[Recorded] = []
+    said: list[str] = []
+    for name in sorted(set(names)):
+        package = pylock.package(name)
+        sdist = package.sdist
+        if package.vcs is not None or sdist is None or sdist.is_local or sdist.url is None:
+            kinds.append(Recorded(name=name, pure=False))
+            said.append(f"{name}: built in the extensions stage (a git source or local file)")
+            continue
+        before = previous.get(name)
+        if before is not None and before[0] == sdist.sha256:
+            kind, why = before[1], "as the previous lock classified the same sdist"
+        elif offline:
+            kind, why = Recorded(name=name, pure=False), "--offline: not fetched to be classified"
+        else:
+            data = get(sdist.url)
+            if hashlib.sha256(data).hexdigest() != sdist.sha256:
+                raise DataError(f"{token(sdist.filename)}: the pylock records sha256 {sdist.sha256} but the "
+                                f"file served has {hashlib.sha256(data).hexdigest()}",
+                                hint="the index changed the file: check it, then lock again")
+            found = classify(data, sdist.filename)
+            kind, why = Recorded(name=name, pure=found.pure, requires=found.requires), found.why
+        kinds.append(kind)
+        stage = "without torch (pure Python)" if kind.pure else "in the extensions stage"
+        said.append(f"{name}: built {stage}: {why}")
+    return tuple(kinds), said
+
+
+def _fetcher(env: Mapping[str, str]) -> Fetch:
+    from envbuild.upstream.http_client import HttpClient, HttpPolicy
+
+    client = HttpClient(env=env, policy=HttpPolicy(total_timeout_s=FETCH_TIMEOUT_S,
+                                                   max_body_bytes=MAX_SDIST_BYTES))
+    return lambda url: client.get(url).body
+
+
+def pure_names(kinds: Iterable[Recorded]) -> list[str]:
+    return sorted(k.name for k in kinds if k.pure)

@@ -23,6 +23,7 @@ from envbuild.extensions.tree import Extension, context_dir, source_tree, tree_s
 
 CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
 STAGE = "envbuild-extensions"
+PURE_STAGE = "envbuild-sdists"  # the pure-Python sdists, built from the system stage: no torch
 SOURCES = "/tmp/envbuild-ext"  # where the stage builds them
 CUDA_HOME = "/usr/local/cuda"  # the toolkit in NVIDIA's devel images (nvcc in its bin/)
 # What building a torch.utils.cpp_extension needs beyond the venv: a C++ compiler; the Python
@@ -91,17 +92,22 @@ def git_context(git: Sequence[tuple[str, str, str]]) -> list[dict[str, str]]:
 def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_list: Sequence[str],
                   standalone: bool, sdists: bool = False, recorded: bool = False,
                   build_env: Sequence[tuple[str, str]] = (), offline_steps: bool = False,
-                  git: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
+                  git: Sequence[tuple[str, str, str]] = (), pure: Sequence[str] = ()) -> dict[str, Any]:
     """The template's values: the stage's name, each source directory (shell-quoted), whether
     sdists are built (requirements/sdists.txt) and recorded wheels checked
     (requirements/built.sha256), the apt packages building needs, the arch list, CUDA's home
     (a CUDA stack: the devel base's toolkit), the project's build-env (shell-quoted values) and
-    whether the compiling steps run with no network (``RUN --network=none``: docker buildx)."""
+    whether the compiling steps run with no network (``RUN --network=none``: docker buildx); and
+    the envbuild-sdists stage's: whether there is one, whether it installs build requirements
+    from the torch layer and checks recorded wheels (``pure``: which of its files exist)."""
     return {
         "extension_cuda_home": CUDA_HOME if cuda is not None else None,
         "extension_build_env": [(key, shlex.quote(value)) for key, value in sorted(build_env)],
         "extension_offline": offline_steps,
         "extension_stage": STAGE if extensions or sdists or git else None,
+        "sdist_stage": PURE_STAGE if "sdists-pure" in pure else None,
+        "sdist_build": "sdists-pure-build" in pure,
+        "sdist_recorded": "built-sdists.sha256" in pure,
         "extension_sdists": sdists,
         "extension_recorded": recorded,
         "extension_dirs": [shlex.quote(f"{SOURCES}/{context_dir(e.dir)}") for e in extensions],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from envbuild.errors import UsageError
 from envbuild.extensions.record import BuildKey, read_record, stage_sums
-from envbuild.extensions.sdists import sdist_requirements, sdist_sha256
+from envbuild.extensions.sdists import pure_names, sdist_requirements, sdist_sha256
 from envbuild.extensions.stage import build_keys as stage_keys
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.install import install_requirements, local_wheels
@@ -46,10 +46,29 @@ def install_files(lock: Lock, *, local_dir: str | None,
     if rest:
         files["project"] = install_requirements(pylock, rest, python=lock.stack.python,
                                                 glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)
-    fetched = [n for n in lock.sdists if pylock.package(n).vcs is None]  # git sources: git_builds
+    pure = pure_names(lock.sdist_kinds)  # built in the envbuild-sdists stage, without torch
+    fetched = [n for n in lock.sdists if pylock.package(n).vcs is None and n not in pure]  # git: git_builds
     if fetched:
         files["sdists"] = sdist_requirements(pylock, fetched)
+    if pure:
+        files[PURE] = sdist_requirements(pylock, pure)
+        build = _pure_build(lock, torch_layer)
+        if build:
+            files[PURE_BUILD] = install_requirements(pylock, build, python=lock.stack.python,
+                                                     glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)
     return files, ([] if local_dir is None else local_wheels(pylock, roots))
+
+
+PURE = "sdists-pure"  # requirements/sdists-pure.txt: the pure sdists, hash-pinned
+PURE_BUILD = "sdists-pure-build"  # the torch layer's packages their builds declare
+
+
+def _pure_build(lock: Lock, torch_layer: Sequence[str]) -> list[str]:
+    """The packages of the torch layer that the pure sdists' ``[build-system] requires`` name
+    (setuptools, on a Python whose venv has none): their stage installs the project layer and
+    these, never torch."""
+    wanted = {r for k in lock.sdist_kinds if k.pure for r in k.requires}
+    return sorted((wanted & set(torch_layer)) - {"torch"} - set(lock.sdists))
 
 
 def build_keys(lock: Lock) -> list[BuildKey]:
@@ -79,9 +98,11 @@ def git_builds(lock: Lock) -> list[tuple[str, str, str]]:
     return [(name, vcs.url, vcs.commit) for name, vcs in found if vcs is not None]
 
 
-def recorded_sums(lock: Lock, lock_dir: Path | None) -> str:
-    """``sha256sum -c`` lines of the wheels recorded beside the lock for its build keys ("" when none)."""
-    keys = build_keys(lock)
+def recorded_sums(lock: Lock, lock_dir: Path | None, *, pure: bool = False) -> str:
+    """``sha256sum -c`` lines of the wheels recorded beside the lock for its build keys ("" when
+    none): the extensions stage's, or (``pure``) the envbuild-sdists stage's."""
+    built_pure = set(pure_names(lock.sdist_kinds))
+    keys = [k for k in build_keys(lock) if (k.name in built_pure) == pure]
     if not keys or lock_dir is None:
         return ""
     return stage_sums(read_record(lock_dir), keys)

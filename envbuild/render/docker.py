@@ -328,7 +328,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             provenance: Provenance | None = None, buildkit: bool = False,
             found_os: str | None = None, recorded: bool = False,
             offline_steps: bool = False, sdists: bool | None = None,
-            git: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
+            git: Sequence[tuple[str, str, str]] = (), pure: Sequence[str] = ()) -> dict[str, Any]:
+    """The Dockerfile's values. ``pure``: the requirements files of the envbuild-sdists stage
+    (the pure sdists, the torch layer's packages they build with, the recorded wheels' sums)."""
     s = lock.stack
     check_toolchain(lock.extensions, cuda=s.cuda, flavor=lock.flavor)
     standalone = lock.python_standalone
@@ -388,12 +390,14 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
         **stage_context(lock.extensions, cuda=s.cuda, arch_list=lock.gpu_archs or s.arch_list,
                         standalone=standalone is not None,
                         sdists=bool(lock.sdists) if sdists is None else sdists, recorded=recorded,
-                        build_env=lock.build_env, offline_steps=offline_steps, git=git),
+                        build_env=lock.build_env, offline_steps=offline_steps, git=git, pure=pure),
     }
 
 
 INSTALLER_FILE = "installer.txt"  # under requirements/: the hash-pinned uv wheel
 RECORDED_SUMS = "built.sha256"  # under requirements/: the recorded extension wheels' sha256
+RECORDED_PURE_SUMS = "built-sdists.sha256"  # the envbuild-sdists stage's recorded wheels
+PURE_FILES = ("sdists-pure", "sdists-pure-build", RECORDED_PURE_SUMS)  # what the stage's steps COPY
 
 
 def render_docker(lock: Lock, options: RenderOptions, *,
@@ -425,15 +429,18 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
         git = closure.git_builds(lock)
-        sums = closure.recorded_sums(lock, options.extension_root) if options.check_recorded else ""
-        if sums:  # the wheels built before for these build keys: the stage checks its own against them
-            files[f"requirements/{RECORDED_SUMS}"] = sums.encode("utf-8")
+        checked = ((RECORDED_SUMS, False), (RECORDED_PURE_SUMS, True)) if options.check_recorded else ()
+        for name, pure in checked:
+            sums = closure.recorded_sums(lock, options.extension_root, pure=pure)
+            if sums:  # the wheels built before for these build keys: the stage checks its own against them
+                files[f"requirements/{name}"] = sums.encode("utf-8")
     text = environment().get_template("Dockerfile.j2").render(
         context(lock, ca_bundle=options.ca_bundle is not None, wheelhouse=wheelhouse,
                 peaks=peaks is not None, project_requirements="project" in requirements,
                 provenance=options.provenance, buildkit=options.buildkit, found_os=options.base_os,
                 recorded=f"requirements/{RECORDED_SUMS}" in files, offline_steps=options.offline_steps,
-                sdists="sdists" in requirements, git=git))
+                sdists="sdists" in requirements, git=git,
+                pure=[n for n in PURE_FILES if n in requirements or f"requirements/{n}" in files]))
     files["Dockerfile"] = text.encode("utf-8")
     files["envbuild.lock"] = (lockset_json if lockset_json is not None else lock.to_json()).encode("utf-8")
     files["smoke.py"] = smoke_payload()

@@ -53,6 +53,11 @@ Format (schema 1, JSON object, keys sorted):
                     built wheels' sha256: envbuild.built.json beside it
   sdists            optional: [canonical names], packages of the closure locked by their sdist
                     (its sha256 in the pylock) and built beside the extensions (build-sdists)
+  sdist_kinds       optional: {name: {"kind": "pure", "requires": [canonical names its
+                    [build-system] requires declares]} | {"kind": "native"}}, one per sdist
+                    ``lock`` classified (envbuild/extensions/classify.py): a pure one is built in
+                    the envbuild-sdists stage, without the torch layer; a native one (or an sdist
+                    it does not name: locks written before kinds) in the extensions stage
   apt_snapshot      optional: "YYYYMMDDTHHMMSSZ", the time of the distribution's apt archive the
                     apt steps read (apt-snapshot; render/aptsnapshot.py). Absent: the live archive
   build_env         optional: [[KEY, VALUE]], the project's build-env, set in the extensions
@@ -78,6 +83,7 @@ from typing import Any
 from envbuild.confine import quoted
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
+from envbuild.extensions.classify import Recorded, recorded_from_json
 from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleetmod
 from envbuild.render.values import (
@@ -215,6 +221,7 @@ class Lock:
     compile_toolchain: bool = True
     extensions: tuple[Extension, ...] = ()
     sdists: tuple[str, ...] = ()  # packages of the closure built from their sdist (extensions/sdists.py)
+    sdist_kinds: tuple[Recorded, ...] = ()  # which sdists build without torch (extensions/classify.py)
     # apt-snapshot (issue 41): the distribution archive's time the apt steps read, YYYYMMDDTHHMMSSZ
     # (render/aptsnapshot.py); None: the live archive.
     apt_snapshot: str | None = None
@@ -258,6 +265,8 @@ class Lock:
             data["extensions"] = [e.to_json() for e in self.extensions]
         if self.sdists:  # absent when none, as extensions
             data["sdists"] = list(self.sdists)
+        if self.sdist_kinds:  # absent when none (and in locks written before kinds)
+            data["sdist_kinds"] = {k.name: k.to_json() for k in self.sdist_kinds}
         if self.apt_snapshot is not None:  # absent when none, as sdists
             data["apt_snapshot"] = self.apt_snapshot
         if self.build_env:  # absent when none, as extensions
@@ -535,12 +544,14 @@ def check_lock(lock: Lock) -> None:
 def check_extensions(lock: Lock) -> None:
     """Each extension's directory plain and relative, its name canonical, its digest hex;
     only in a locked closure (the image checks its installed set against the lock)."""
+    from envbuild.extensions.classify import check_recorded
     from envbuild.extensions.sdists import check_lock_sdists
     from envbuild.extensions.tree import check_dir
 
     if (lock.extensions or lock.sdists) and lock.pylock is None:
         raise UsageError("lock extensions need a locked closure (pylock)", hint="re-create the lock")
     check_lock_sdists(lock.sdists, lock.packages)
+    check_recorded(lock.sdist_kinds, lock.sdists)
     for ext in lock.extensions:
         check_dir(ext.dir, "lock extension dir")
         check_sha256(ext.sha256, "extension sha256")
@@ -641,8 +652,8 @@ _KEYS = frozenset({"schema", "stack", "packages", "index_url", "base_image", "ba
                    "flavor", "python_provision", "python_standalone", "matrices_digest",
                    "apt_packages", "pip_packages", "env", "user"})
 _OPTIONAL_KEYS = frozenset({"companions", "layers", "pylock", "base_offline", "fleet",
-                            "compile_toolchain", "extensions", "sdists", "apt_snapshot", "build_env",
-                            "gpu_archs"})
+                            "compile_toolchain", "extensions", "sdists", "sdist_kinds", "apt_snapshot",
+                            "build_env", "gpu_archs"})
 
 
 def _stack_json(stack: Stack) -> dict[str, Any]:
@@ -720,6 +731,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
+        sdist_kinds=recorded_from_json(data.get("sdist_kinds", {})),
         apt_snapshot=_optional_str(data.get("apt_snapshot"), "apt_snapshot"),
         build_env=tuple(_env_pairs(data.get("build_env", []), "build_env")),
         gpu_archs=tuple(_strings(data.get("gpu_archs", []), "gpu_archs")),
