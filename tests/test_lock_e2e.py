@@ -110,8 +110,13 @@ class LocalIndex:
         links = []
         for version in versions:
             name = f"{PROBE}-{version}-py3-none-any.whl"
-            data = wheel_bytes(PROBE, version)
-            (self.root / "probe" / name).write_bytes(data)
+            path = self.root / "probe" / name
+            # A published file never changes (as on a real index): made once. wheel_bytes stamps
+            # the zip's members with the time, so a second make would be another file, which
+            # the lock's hash then refuses.
+            if not path.exists():
+                path.write_bytes(wheel_bytes(PROBE, version))
+            data = path.read_bytes()
             links.append(f'<a href="{name}#sha256={hashlib.sha256(data).hexdigest()}">{name}</a>')
         page = "<html><body>\n" + "\n".join(links) + "\n</body></html>\n"
         (self.root / "probe" / "index.html").write_text(page)
