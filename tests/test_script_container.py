@@ -173,7 +173,10 @@ def started_host(docker_client: Any, rendered: dict[str, bytes], served: dict[st
         # The host already has what torch.compile needs (W1), as the Debian base has python3: the
         # tests of what runs before NVIDIA's keyring expect no apt-get install of their own.
         h.sh("/stubs/apt-get install -y g++ python3-dev && : > /stub-state/log")
-        h.sh("cd /index && nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        # Detached by the engine, not backgrounded by a shell: a shell's background python3 made
+        # the engine wait 2 s for the exec's output to close, and the first request 2 s more.
+        container.exec_run(["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"],
+                           workdir="/index", detach=True)
         first = next(iter(sorted(served))).rsplit("/", 1)[0]
         for _ in range(50):
             probe = f"import urllib.request as u; u.urlopen('http://127.0.0.1:8765/{first}/')"
