@@ -68,8 +68,12 @@ def share_the_engine() -> None:
     that ends meanwhile then leaves every image alone instead of removing the ones made while it
     ran (this bench's layer cache among them)."""
     import fcntl
+    import hashlib
 
-    fd = os.open(Path(tempfile.gettempdir()) / "envbuild-tests-docker.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    host = os.environ.get("DOCKER_HOST", "")  # one file per engine, as tests/conftest.py names it
+    name = "envbuild-tests-docker" + ("" if host in ("", "unix:///var/run/docker.sock", "unix:///run/docker.sock")
+                                      else "-" + hashlib.sha256(host.encode()).hexdigest()[:12])
+    fd = os.open(Path(tempfile.gettempdir()) / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     fcntl.flock(fd, fcntl.LOCK_SH)  # released when the process exits
 
 
