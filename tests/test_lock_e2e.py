@@ -15,6 +15,7 @@ Needs dockerd, docker-registry and the index (see DEVELOPERS.md); CI runs it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,17 +64,23 @@ def wheelhouse() -> Path:
 
 
 @pytest.fixture(scope="module")
-def pushed_base(client: Any, loopback_registry: str) -> str:
-    """The debootstrap base, pushed to the loopback registry: lock must find its digest there."""
+def pushed_base(client: Any, loopback_registry: str) -> Iterator[str]:
+    """The debootstrap base, pushed to the loopback registry: lock must find its digest there.
+    The engine's tag for it (the registry's port in its name) is removed afterwards: every
+    session's registry has another port, and their tags piled up on the base."""
     done = subprocess.run(["bash", str(ROOT / "scripts" / "base-image.sh")], capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-2000:]
     local = done.stdout.strip().splitlines()[-1]
     repository = f"{loopback_registry}/envbuild/bookworm"
     client.tag(local, repository, "base")
-    for line in client.push(repository, "base", stream=True, decode=True):
-        assert "error" not in line, line
-    return f"{repository}:base"
+    try:
+        for line in client.push(repository, "base", stream=True, decode=True):
+            assert "error" not in line, line
+        yield f"{repository}:base"
+    finally:
+        with contextlib.suppress(Exception):  # the base itself keeps its own tag
+            client.remove_image(f"{repository}:base")
 
 
 class LocalIndex:
