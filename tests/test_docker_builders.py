@@ -89,7 +89,7 @@ def pushed(client: Any, base_image: str, registry: str, builder: str, tag: str,
 def by_builder(client: Any, base_image: str, loopback_registry: str, buildah: BuildahBuilder,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     """Each builder's build report, its image pushed to the loopback registry. The classic one
-    has the e2e test's tag and recipe, so its layer cache makes it quick when both run. The
+    has test_docker_e2e's recipe (each module removes its images when it ends: each builds its own). The
     buildah image leaves buildah's storage afterwards."""
     tmp = tmp_path_factory.mktemp("builders")
     before = buildah_images(buildah)
