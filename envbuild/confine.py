@@ -34,6 +34,8 @@ _CHUNK = 1024 * 1024
 # a local wheel (a --wheelhouse's, a pylock's) must be called to be copied anywhere.
 WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?"
                         r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", re.ASCII)
+# A canonical project name (PEP 503 normalized: lower case, runs of -_. as one "-").
+CANONICAL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 

@@ -20,7 +20,6 @@ import ast
 import gzip
 import io
 import posixpath
-import re
 import tarfile
 import zipfile
 import zlib
@@ -28,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from envbuild.confine import quoted, token
+from envbuild.confine import CANONICAL_NAME, quoted, token
 from envbuild.errors import UsageError
 
 MAX_UNPACKED = 1024 ** 3  # decompressed bytes read from one sdist
@@ -48,7 +47,6 @@ NATIVE_KEYWORDS = frozenset({"ext_modules", "cffi_modules", "rust_extensions", "
 NATIVE_CALLS = frozenset({"Extension", "CppExtension", "CUDAExtension", "Pybind11Extension",
                           "cythonize", "RustExtension"})
 DEFAULT_REQUIRES = ("setuptools",)  # PEP 517's default backend, for an sdist without [build-system]
-_CANONICAL = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +99,7 @@ def check_recorded(kinds: Sequence[Recorded], sdists: Sequence[str]) -> None:
                          hint="re-create the lock")
     for kind in kinds:
         if len(kind.requires) > MAX_REQUIRES or list(kind.requires) != sorted(set(kind.requires)) \
-                or any(not _CANONICAL.fullmatch(r) for r in kind.requires) or "torch" in kind.requires:
+                or any(not CANONICAL_NAME.fullmatch(r) for r in kind.requires) or "torch" in kind.requires:
             raise UsageError(f"lock 'sdist_kinds': {token(kind.name)}'s requires must be sorted canonical "
                              "names, without torch", hint="re-create the lock")
 

@@ -24,14 +24,13 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from envbuild.confine import quoted, read_confined, token
+from envbuild.confine import CANONICAL_NAME, quoted, read_confined, token
 from envbuild.errors import BuildFailed, UsageError
 
 FILE = "envbuild.built.json"
 SCHEMA = "envbuild.built/1"
 LIMIT = 1024 * 1024
 _SHA = re.compile(r"[0-9a-f]{64}", re.ASCII)
-_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 _VERSION = re.compile(r"[A-Za-z0-9.+_!-]{1,64}", re.ASCII)
 _CUDA = re.compile(r"\d{1,3}\.\d{1,3}", re.ASCII)
 _ARCHS = re.compile(r"(?:\d{1,3}\.\d{1,2}[af]?(?:;\d{1,3}\.\d{1,2}[af]?)*)?", re.ASCII)
@@ -92,7 +91,7 @@ def _entry(raw: Any, where: str) -> Built:
     if not isinstance(raw, dict) or set(raw) != fields:
         raise UsageError(f"{FILE}: {where}: needs exactly {', '.join(sorted(fields))}",
                          hint=f"remove {FILE} (build writes it again)")
-    key = BuildKey(name=_check(raw["name"], _NAME, f"{where}.name"),
+    key = BuildKey(name=_check(raw["name"], CANONICAL_NAME, f"{where}.name"),
                    source_sha256=_check(raw["source_sha256"], _SHA, f"{where}.source_sha256"),
                    torch=_check(raw["torch"], _VERSION, f"{where}.torch"),
                    cuda=_check(raw["cuda"], _CUDA, f"{where}.cuda", optional=True),

@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
-from envbuild.confine import quoted, token
+from envbuild.confine import CANONICAL_NAME, quoted, token
 from envbuild.errors import DataError, UsageError
 from envbuild.extensions.classify import Recorded, classify
 from envbuild.pylock.files import Pylock, PylockPackage
 from envbuild.pylock.install import is_remote_url
 
-CANONICAL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 MAX_NAMES = 64
 FILE = "sdists.txt"  # under requirements/: the hash-pinned sdists the stage builds
 

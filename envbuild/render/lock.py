@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.confine import quoted
+from envbuild.confine import CANONICAL_NAME, quoted
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
 from envbuild.extensions.classify import Recorded, recorded_from_json
@@ -106,7 +106,6 @@ _UBUNTU_RE = re.compile(r"[0-9]{2}\.[0-9]{2}", re.ASCII)
 _NVIDIA_RE = re.compile(r"nvidia-[a-z0-9][a-z0-9._-]*", re.ASCII)
 _LAYER_RE = re.compile(r"[a-z][a-z0-9-]{0,31}", re.ASCII)
 # A canonical distribution name (PEP 503) and a version as PEP 440 writes it (normalised form).
-_CANONICAL_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.ASCII)
 _PEP440_RE = re.compile(r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
                         r"(?:\.dev[0-9]+)?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?", re.ASCII)
 _PLATFORM_RE = re.compile(r"(?:x86_64|aarch64)-manylinux_2_[0-9]{2}", re.ASCII)
@@ -499,7 +498,7 @@ def check_lock(lock: Lock) -> None:
     torch_pins = pins(s, companions=lock.companions)
     extra = {k: v for k, v in lock.packages.items() if k not in torch_pins}
     # A whole closure holds every distribution; a stack-only lock torch's nvidia-* pins only.
-    name_ok, version_ok = ((_CANONICAL_RE, _PEP440_RE) if lock.pylock is not None
+    name_ok, version_ok = ((CANONICAL_NAME, _PEP440_RE) if lock.pylock is not None
                            else (_NVIDIA_RE, _VERSION_RE))
     if {k: lock.packages.get(k) for k in torch_pins} != torch_pins or any(
             not name_ok.fullmatch(k) or not version_ok.fullmatch(v) for k, v in extra.items()):
@@ -555,7 +554,7 @@ def check_extensions(lock: Lock) -> None:
     for ext in lock.extensions:
         check_dir(ext.dir, "lock extension dir")
         check_sha256(ext.sha256, "extension sha256")
-        if not _CANONICAL_RE.fullmatch(ext.name) or ext.name in lock.packages:
+        if not CANONICAL_NAME.fullmatch(ext.name) or ext.name in lock.packages:
             raise UsageError(f"invalid extension name {quoted(ext.name)} in the lock",
                              hint="a canonical distribution name the closure does not hold")
     if len({e.dir for e in lock.extensions}) != len(lock.extensions) or \
