@@ -131,9 +131,10 @@ def classify_locked(pylock: Pylock, names: Iterable[str], *, env: Mapping[str, s
             kind, why = Recorded(name=name, pure=False), "--offline: not fetched to be classified"
         else:
             data = get(sdist.url)
-            if hashlib.sha256(data).hexdigest() != sdist.sha256:
+            served = hashlib.sha256(data).hexdigest()
+            if served != sdist.sha256:
                 raise DataError(f"{token(sdist.filename)}: the pylock records sha256 {sdist.sha256} but the "
-                                f"file served has {hashlib.sha256(data).hexdigest()}",
+                                f"file served has {served}",
                                 hint="the index changed the file: check it, then lock again")
             found = classify(data, sdist.filename)
             kind, why = Recorded(name=name, pure=found.pure, requires=found.requires), found.why

@@ -278,7 +278,6 @@ class _Live:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._processes: set[subprocess.Popen[str]] = set()
-        self._ended = threading.Event()
         self.closure_started = threading.Event()  # the closure's uv run is running
         self.closure_ended = threading.Event()  # it has ended, or the lock has failed
         self.cancelled = False
@@ -299,7 +298,7 @@ class _Live:
         """Wait until the closure's run has run ``delay`` seconds or ended; _Cancelled where
         the lock fails or is interrupted meanwhile."""
         while not self.closure_started.wait(0.05):
-            if self._ended.is_set():
+            if self.cancelled:
                 raise _Cancelled
         self.closure_ended.wait(delay)
         if self.cancelled:
@@ -308,7 +307,6 @@ class _Live:
     def cancel(self) -> None:
         with self._guard:
             self.cancelled = True
-            self._ended.set()
             self.closure_ended.set()
             for process in self._processes:
                 process.kill()
