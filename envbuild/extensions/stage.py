@@ -24,6 +24,11 @@ from envbuild.extensions.tree import Extension, context_dir, source_tree, tree_s
 CONTEXT_DIR = "extensions"  # in the build context: extensions/<dir>/...
 STAGE = "envbuild-extensions"
 PURE_STAGE = "envbuild-sdists"  # the pure-Python sdists, built from the system stage: no torch
+# Its files in the build context: requirements/<name>.txt for the first two.
+PURE_SDISTS = "sdists-pure"  # the pure sdists, hash-pinned
+PURE_BUILD = "sdists-pure-build"  # the torch layer's packages their builds declare
+PURE_SUMS = "built-sdists.sha256"  # the wheels envbuild.built.json records for them
+PURE_FILES = (PURE_SDISTS, PURE_BUILD, PURE_SUMS)
 SOURCES = "/tmp/envbuild-ext"  # where the stage builds them
 CUDA_HOME = "/usr/local/cuda"  # the toolkit in NVIDIA's devel images (nvcc in its bin/)
 # What building a torch.utils.cpp_extension needs beyond the venv: a C++ compiler; the Python
@@ -105,9 +110,9 @@ def stage_context(extensions: Sequence[Extension], *, cuda: str | None, arch_lis
         "extension_build_env": [(key, shlex.quote(value)) for key, value in sorted(build_env)],
         "extension_offline": offline_steps,
         "extension_stage": STAGE if extensions or sdists or git else None,
-        "sdist_stage": PURE_STAGE if "sdists-pure" in pure else None,
-        "sdist_build": "sdists-pure-build" in pure,
-        "sdist_recorded": "built-sdists.sha256" in pure,
+        "sdist_stage": PURE_STAGE if PURE_SDISTS in pure else None,
+        "sdist_build": PURE_BUILD in pure,
+        "sdist_recorded": PURE_SUMS in pure,
         "extension_sdists": sdists,
         "extension_recorded": recorded,
         "extension_dirs": [shlex.quote(f"{SOURCES}/{context_dir(e.dir)}") for e in extensions],

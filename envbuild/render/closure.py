@@ -17,6 +17,7 @@ from pathlib import Path
 from envbuild.errors import UsageError
 from envbuild.extensions.record import BuildKey, read_record, stage_sums
 from envbuild.extensions.sdists import pure_names, sdist_requirements, sdist_sha256
+from envbuild.extensions.stage import PURE_BUILD, PURE_SDISTS
 from envbuild.extensions.stage import build_keys as stage_keys
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.install import install_requirements, local_wheels
@@ -51,16 +52,12 @@ def install_files(lock: Lock, *, local_dir: str | None,
     if fetched:
         files["sdists"] = sdist_requirements(pylock, fetched)
     if pure:
-        files[PURE] = sdist_requirements(pylock, pure)
+        files[PURE_SDISTS] = sdist_requirements(pylock, pure)
         build = _pure_build(lock, torch_layer)
         if build:
             files[PURE_BUILD] = install_requirements(pylock, build, python=lock.stack.python,
                                                      glibc=ref.glibc, local_dir=local_dir, arch=ref.arch)
     return files, ([] if local_dir is None else local_wheels(pylock, roots))
-
-
-PURE = "sdists-pure"  # requirements/sdists-pure.txt: the pure sdists, hash-pinned
-PURE_BUILD = "sdists-pure-build"  # the torch layer's packages their builds declare
 
 
 def _pure_build(lock: Lock, torch_layer: Sequence[str]) -> list[str]:

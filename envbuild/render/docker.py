@@ -18,7 +18,7 @@ from typing import Any
 from envbuild.confine import WHEEL_NAME, confined, quoted, read_regular
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
-from envbuild.extensions.stage import check_toolchain, context_files, stage_context
+from envbuild.extensions.stage import PURE_FILES, PURE_SUMS, check_toolchain, context_files, stage_context
 from envbuild.fs import FileData
 from envbuild.render.aptsnapshot import holds
 from envbuild.render.lock import Lock, Standalone, make_lock
@@ -396,8 +396,6 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
 
 INSTALLER_FILE = "installer.txt"  # under requirements/: the hash-pinned uv wheel
 RECORDED_SUMS = "built.sha256"  # under requirements/: the recorded extension wheels' sha256
-RECORDED_PURE_SUMS = "built-sdists.sha256"  # the envbuild-sdists stage's recorded wheels
-PURE_FILES = ("sdists-pure", "sdists-pure-build", RECORDED_PURE_SUMS)  # what the stage's steps COPY
 
 
 def render_docker(lock: Lock, options: RenderOptions, *,
@@ -429,7 +427,7 @@ def render_docker(lock: Lock, options: RenderOptions, *,
         files[lock.pylock.file] = lock.pylock.text.encode("utf-8")
         files.update(context_files(lock.extensions, options.extension_root))
         git = closure.git_builds(lock)
-        checked = ((RECORDED_SUMS, False), (RECORDED_PURE_SUMS, True)) if options.check_recorded else ()
+        checked = ((RECORDED_SUMS, False), (PURE_SUMS, True)) if options.check_recorded else ()
         for name, pure in checked:
             sums = closure.recorded_sums(lock, options.extension_root, pure=pure)
             if sums:  # the wheels built before for these build keys: the stage checks its own against them
