@@ -68,12 +68,11 @@ def share_the_engine() -> None:
     that ends meanwhile then leaves every image alone instead of removing the ones made while it
     ran (this bench's layer cache among them)."""
     import fcntl
-    import hashlib
 
-    host = os.environ.get("DOCKER_HOST", "")  # one file per engine, as tests/conftest.py names it
-    name = "envbuild-tests-docker" + ("" if host in ("", "unix:///var/run/docker.sock", "unix:///run/docker.sock")
-                                      else "-" + hashlib.sha256(host.encode()).hexdigest()[:12])
-    fd = os.open(Path(tempfile.gettempdir()) / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from engine_lock import sessions_lock  # type: ignore[import-not-found]  # tests/conftest.py's file
+
+    fd = os.open(sessions_lock(), os.O_RDWR | os.O_CREAT, 0o666)
     fcntl.flock(fd, fcntl.LOCK_SH)  # released when the process exits
 
 

@@ -2,15 +2,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import secrets
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_lock import sessions_lock
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -181,19 +180,7 @@ _ENGINE: list[Any] = []
 # images only while it can hold it alone, so a second session (another checkout's tests) never
 # loses an image in the middle of a build.
 # The benches under bench/ that build hold it shared too (bench_lock_build.share_the_engine).
-# One file per engine: the default one's keeps its name; another ($DOCKER_HOST: the second engine
-# scripts/test.sh gives half of the engine tests) has its own, so sessions on two engines never
-# keep each other from cleaning up.
-_DEFAULT_HOSTS = ("", "unix:///var/run/docker.sock", "unix:///run/docker.sock")
-
-
-def sessions_lock(env: Mapping[str, str] = os.environ) -> Path:
-    host = env.get("DOCKER_HOST", "")
-    name = "envbuild-tests-docker" + (
-        "" if host in _DEFAULT_HOSTS else "-" + hashlib.sha256(host.encode()).hexdigest()[:12])
-    return Path(tempfile.gettempdir()) / f"{name}.lock"
-
-
+# One file per engine (tests/engine_lock.py).
 _SESSIONS_LOCK = sessions_lock()
 
 
