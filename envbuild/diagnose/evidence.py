@@ -3,6 +3,7 @@ rules read. Plain functions over values: every rule is tested on recorded or bui
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -125,22 +126,46 @@ def _plausible(text: str) -> float | int:
 
 def summarise(rec: Recording) -> Evidence:
     windows = tuple(r for r in rec.probe if r["kind"] == "window")
-    return Evidence(seconds=rec.seconds, gpu_source=rec.gpu_source, gpu=gpu_use(rec),
+    return Evidence(seconds=rec.seconds, gpu_source=rec.gpu_source, gpu=gpu_use(rec, windows),
                     cpu=cpu_use(loop_span(rec.cpu, windows), rec.tick_hz), probe=probe_use(rec.probe),
                     windows=windows)
+
+
+def loop_bounds(windows: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """When the probe saw the training loop run (its first window with batches or steps to
+    its last); None when it saw none (no probe, a job with no loop it hooks)."""
+    active = [w for w in windows if _num(w.get("batches")) or _num(w.get("steps"))]
+    if not active:
+        return None
+    return min(_num(w.get("t0")) for w in active), max(_num(w.get("t1")) for w in active)
 
 
 def loop_span(snapshots: Sequence[CpuSnapshot], windows: Sequence[dict[str, Any]]) -> list[CpuSnapshot]:
     """The snapshots taken while the training loop ran (the probe saw batches or steps):
     the interpreter's start-up and ``import torch`` are user-mode work of their own that
     would blur the loop's user/kernel split. Every snapshot when the probe saw no loop."""
-    active = [w for w in windows if _num(w.get("batches")) or _num(w.get("steps"))]
-    if not active:
+    bounds = loop_bounds(windows)
+    if bounds is None:
         return list(snapshots)
-    start = min(_num(w.get("t0")) for w in active)
-    end = max(_num(w.get("t1")) for w in active)
-    inside = [s for s in snapshots if start <= s.t <= end + INTERVAL_SLACK_S]
+    inside = [s for s in snapshots if bounds[0] <= s.t <= bounds[1] + INTERVAL_SLACK_S]
     return inside if len(inside) >= 2 else list(snapshots)
+
+
+def gpu_in_loop(samples: Sequence[GpuSample], windows: Sequence[dict[str, Any]]) -> list[GpuSample]:
+    """The GPU samples taken while the training loop ran. The GPU idles while the job's
+    interpreter starts, imports torch and initialises CUDA, and while it exits: on an H200
+    host that was 9 s of a 17 s run around an 8 s loop that kept the GPU 99% busy, and the
+    mean over the whole run (41%) made a GPU-bound job read as sync-bound. Every sample when
+    the probe saw no loop, or when fewer than two of some GPU's fall inside it."""
+    bounds = loop_bounds(windows)
+    if bounds is None:
+        return list(samples)
+    inside = [s for s in samples if bounds[0] <= s.t <= bounds[1]]
+    per_gpu = collections.Counter(s.index for s in inside)
+    everyone = {s.index for s in samples}
+    if not inside or set(per_gpu) != everyone or min(per_gpu.values()) < 2:
+        return list(samples)
+    return inside
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -152,10 +177,11 @@ def _p90(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else 0.0
 
 
-def gpu_use(rec: Recording) -> GpuUse | None:
-    """The job's GPU: the one whose compute processes include a job pid, else the busiest."""
+def gpu_use(rec: Recording, windows: Sequence[dict[str, Any]] = ()) -> GpuUse | None:
+    """The job's GPU: the one whose compute processes include a job pid, else the busiest;
+    its figures over the training loop (``gpu_in_loop``) when the probe saw one."""
     by_index: dict[int, list[GpuSample]] = {}
-    for sample in rec.gpu:
+    for sample in gpu_in_loop(rec.gpu, windows):
         by_index.setdefault(sample.index, []).append(sample)
     if not by_index:
         return None
