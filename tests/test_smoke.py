@@ -28,6 +28,7 @@ from envbuild.smoke import (
     rules,
     runner,
     suite,
+    t0_environment,
     t1_correctness,
     t2_speed,
 )
@@ -894,3 +895,18 @@ def test_speed_tier_judges_a_fake_timer_against_the_peak(monkeypatch: pytest.Mon
     no_row = t2_speed._check_tflops(run, 0, "bf16", {}, None)
     assert no_row.status == "warn"  # was a pass: "no peak known"
     assert "plausibility not established: no peak row for NVIDIA H100 80GB HBM3" in no_row.message
+
+
+def test_gpu_env_message_shortens_nvidia_require_cuda() -> None:
+    # NVIDIA_REQUIRE_CUDA as the H200 host's CUDA image set it (recorded 2026-11-28): the
+    # CUDA floor, then one driver range per brand; the message printed all of it on one line.
+    recorded = (ROOT / "tests" / "fixtures" / "smoke" / "nvidia-require-cuda-h200.txt").read_text().strip()
+    run = runner.Run(runner.Options(), {})
+    run.host = {"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+                        "NVIDIA_REQUIRE_CUDA": recorded}, "in_container": True, "dev_nodes": []}
+    outcome = t0_environment._check_gpu_env(run)
+    assert outcome.status == "pass"
+    assert len(outcome.message) < 200 and "NVIDIA_REQUIRE_CUDA=cuda>=13.0 (+" in outcome.message
+    assert outcome.value["env"]["NVIDIA_REQUIRE_CUDA"] == recorded  # the report keeps it whole
+    assert t0_environment.shorten("x" * 300).endswith("(300 characters; --json has them)")
+    assert t0_environment.shorten("cuda>=12.4") == "cuda>=12.4"

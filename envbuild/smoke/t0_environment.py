@@ -202,8 +202,24 @@ def _check_gpu_env(run: Run) -> Outcome:
             value,
             "set NVIDIA_DRIVER_CAPABILITIES=compute,utility (or all)",
         )
-    shown = ", ".join("%s=%s" % (k, v) for k, v in env.items() if v is not None and k != "LD_LIBRARY_PATH")
+    shown = ", ".join("%s=%s" % (k, shorten(v)) for k, v in env.items()
+                      if v is not None and k != "LD_LIBRARY_PATH")
     return ok(shown or "no NVIDIA/CUDA variables set", value)
+
+
+SHOWN_MAX = 80
+
+
+def shorten(value: str) -> str:
+    """A variable's value for the one-line message; the JSON report keeps it whole. NVIDIA's
+    CUDA images set NVIDIA_REQUIRE_CUDA to the CUDA floor and then a driver range per brand:
+    3,000 characters on the H200 host of 2026-11-28, all of it printed on one line before."""
+    if len(value) <= SHOWN_MAX:
+        return value
+    terms = value.split()
+    if len(terms) > 1 and len(terms[0]) <= SHOWN_MAX:
+        return "%s (+%d more terms; --json has them)" % (terms[0], len(terms) - 1)
+    return "%s... (%d characters; --json has them)" % (value[:SHOWN_MAX], len(value))
 
 
 def _check_lock(run: Run) -> Outcome:
