@@ -65,6 +65,17 @@ SAVED = [
     Saved("h100_query_header_units.csv", "550.54.15", None, ("NVIDIA H100 80GB HBM3",) * 2,
           ("9.0", "9.0"), (81559, 81559), ("Disabled", "Enabled"), (0, 0),
           "CSV with a header and units (`--format=csv`)"),
+    # Recorded on an H200 host, driver 580.159.04, 2026-11-28 (scripts/gpu-check.sh; serial zeroed)
+    Saved("h200_580_table.txt", "580.159.04", "13.0", ("NVIDIA H200",), (None,), (143771,),
+          ("Disabled",), (0,), "recorded: the 580 table"),
+    Saved("h200_580_q.txt", "580.159.04", "13.0", ("NVIDIA H200",), (None,), (143771,),
+          ("Disabled",), (0,), "recorded: `-q` of driver 580"),
+    Saved("h200_580_q.xml", "580.159.04", "13.0", ("NVIDIA H200",), (None,), (143771,),
+          ("Disabled",), (0,), "recorded: `-q -x` of driver 580"),
+    Saved("h200_580_query.csv", "580.159.04", None, ("NVIDIA H200",), ("9.0",), (143771,),
+          ("Disabled",), (0,), "recorded: the CSV query probe_host runs"),
+    Saved("h200_580_query_header_units.csv", "580.159.04", None, ("NVIDIA H200",), ("9.0",),
+          (143771,), ("Disabled",), (0,), "recorded: the same query with header and units"),
 ]
 # fmt: on
 
@@ -742,3 +753,35 @@ def test_detect_reports_the_hosts_platform_in_dockers_spelling() -> None:
     facts = HostFacts(platform="linux/arm64", os_release={"NAME": "Ubuntu"}, cpu_count=72)
     assert report.to_json(facts)["platform"] == "linux/arm64"
     assert "Platform    linux/arm64" in report.format_human(facts)
+
+
+# ------------------------------------------------------------ a real H200 host, replayed
+
+H200 = "GPU-6624e7d3-72a9-ceeb-c548-6ae035695233"
+
+
+def test_recorded_h200_topology_with_terminal_escapes() -> None:
+    # driver 580's `topo -m` underlines its header row with ANSI escapes (recorded 2026-11-28)
+    text = fixture("h200_580_topo.txt")
+    assert "\x1b[4m" in text
+    facts = probe.parse_saved(text)
+    assert facts.topology == {"GPU0": {}}
+    listed = probe.parse_saved(fixture("h200_580_L.txt"))
+    assert [(g.name, g.uuid) for g in listed.gpus] == [("NVIDIA H200", H200)]
+
+
+def test_probe_host_replays_the_recorded_h200(tmp_path: Path) -> None:
+    """probe_host over what this H200 host's nvidia-smi printed gives what `envbuild detect
+    --json` printed there with NVML hidden (h200_580_detect_smi.json), the GPU and driver
+    fields; the OS, CPU and /dev/shm ones come from this test's root."""
+    run = FakeRun({QUERY: fixture("h200_580_query.csv"), ("nvidia-smi",): fixture("h200_580_table.txt")})
+    facts = probe.probe_host({}, run=run, root=make_root(tmp_path, proc=fixture("h200_580_proc_version.txt")),
+                             nvml=None)
+    got = report.to_json(facts)
+    recorded = json.loads(fixture("h200_580_detect_smi.json"))
+    keys = ("driver_version", "driver_source", "cuda_driver_version", "gpus", "topology", "problems")
+    assert {k: got[k] for k in keys} == {k: recorded[k] for k in keys}
+    assert ("nvidia-smi", "topo", "-m") not in run.calls  # one GPU: no topology asked
+    nvml = json.loads(fixture("h200_580_detect_nvml.json"))
+    same = [k for k in keys if k != "driver_source"]  # NVML's reading equals nvidia-smi's there
+    assert {k: nvml[k] for k in same} == {k: recorded[k] for k in same}
