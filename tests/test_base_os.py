@@ -118,6 +118,7 @@ def test_a_wheel_too_new_for_the_bases_glibc_stops_the_build(
         message = caught.value.message
         assert "has glibc 2.36" in message and "resolved for glibc 2.39" in message
         assert "new 2.0 (new-2.0-" in message and "manylinux_2_39_x86_64.whl)" in message
+        assert 'set base-glibc = "2.36"' in caught.value.hint and "--base-glibc 2.36" in caught.value.hint
     found = _base_os(debian_lock(matrix, "2_28"), ProbeClient())  # runs on 2.36: the build goes on
     assert found == BaseOs(name="Debian GNU/Linux 12 (bookworm)", glibc="2.36")
     assert "base image debian:bookworm: Debian GNU/Linux 12 (bookworm), glibc 2.36" in capsys.readouterr().err

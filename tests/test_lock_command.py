@@ -451,7 +451,8 @@ def test_lock_says_each_step_of_each_target_on_stderr_and_nothing_with_quiet(
             "resolving", "stack", "resolving", "3", "base", "3"], mine  # the base pinned while uv resolves
         assert mine[1].startswith(f"lock {name}: stack torch 2.13.0 (cpu), Python 3.11; pinning the base")
         assert mine[2].startswith(f"lock {name}: resolving the closure with uv for x86_64-manylinux_2_")
-        assert mine[2].endswith("; the base image is checked against it at build time)")  # a Debian base
+        assert mine[2].endswith("; the base image is checked against it at build time: set base-glibc "
+                                "where its glibc is older)")  # a Debian base
         assert mine[3].endswith("3 distributions resolved; checking hashes")
     assert lines[-1] == "lock: writing envbuild.lock and 2 pylock files"
     assert "lock " not in out and "wrote envbuild.lock" in out  # results stay on stdout

@@ -305,11 +305,12 @@ def _base_os(lock: Lock, client: Any) -> BaseOs | None:
                          glibc=lock.pylock.glibc, runs_on=found.glibc, arch=lock.pylock.arch)
     if unfit:
         raise BuildFailed(f"base image {name} has glibc {found.glibc}; the lock's closure, resolved for "
-                          f"glibc {lock.pylock.glibc} (Ubuntu {lock.stack.ubuntu}'s), installs wheels "
+                          f"glibc {lock.pylock.glibc}, installs wheels "
                           f"that need a newer one: {', '.join(unfit[:3])}"
                           + (f" and {len(unfit) - 3} more" if len(unfit) > 3 else ""),
-                          hint="use a base image with a newer glibc, or a stack of an older --ubuntu, "
-                               "and lock again")
+                          hint=f'set base-glibc = "{found.glibc}" in the project (or lock --base-glibc '
+                               f"{found.glibc}) and lock again: the closure is then resolved for this "
+                               "base; or use a base image with a newer glibc")
     return found
 
 

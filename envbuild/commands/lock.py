@@ -77,6 +77,9 @@ def add_commands(commands: Any) -> None:
                    help="what the build installs the closure with (default: the project's "
                         "'installer', else uv: its wheel is pinned in the lock like the rest, "
                         "used by the build step and not kept in the image; pip: the image's own)")
+    p.add_argument("--base-glibc", metavar="2.N",
+                   help="the glibc of --base-image (project key base-glibc): the closure's wheels are "
+                        "resolved for it instead of the stack's Ubuntu's")
     p.add_argument("--exclude-newer", metavar="WHEN",
                    help="leave out files uploaded after WHEN: an RFC 3339 timestamp "
                         "(2026-11-01T00:00:00Z) or a span of days before now ('30 days', P30D); "
@@ -234,6 +237,7 @@ def _merged(args: argparse.Namespace, project: Project, target: Target) -> argpa
         ns.flavor = project.flavor
     ns.index_url = args.index_url or project.torch_index_url
     ns.base_image = args.base_image or project.base_image
+    ns.base_glibc = args.base_glibc or project.base_glibc
     ns.apt_package = sorted(set(args.apt_package) | set(project.apt_packages))
     ns.env = [f"{k}={v}" for k, v in project.env] + list(args.env)
     ns.user = args.user if args.user != "envbuild" else project.user
@@ -452,8 +456,14 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     inputs = closure_inputs(spec, cutoff)
     spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, inputs, args.upgrade))
     tag = platform_tag(spec.glibc, spec.arch)
-    steps.step(f"resolving the closure with uv for {tag} (Ubuntu {lock.stack.ubuntu}'s "
-               f"glibc{'; the base image is checked against it at build time' if custom_base(lock) else ''})")
+    if getattr(plan.args, "base_glibc", None):
+        whose = "the base image's glibc, base-glibc"
+    elif custom_base(lock):
+        whose = (f"Ubuntu {lock.stack.ubuntu}'s glibc; the base image is checked against it at build "
+                 "time: set base-glibc where its glibc is older")
+    else:
+        whose = f"Ubuntu {lock.stack.ubuntu}'s glibc"
+    steps.step(f"resolving the closure with uv for {tag} ({whose})")
     closure = compile_closure(spec, started=started)
     from envbuild.pylock.files import read_pylock
 
@@ -534,6 +544,8 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
     distro = distro_glibc(matrix, lock.stack.ubuntu)
     if distro is None:
         raise UsageError(f"no glibc recorded for Ubuntu {lock.stack.ubuntu} (matrices/ubuntu_python.yaml)")
+    if getattr(plan.args, "base_glibc", None):  # the flag, else the project's (_merged)
+        distro = _base_glibc(plan.args.base_glibc, lock)
     user_index = project.index_url if project is not None and project.index_url else None
     return ClosureSpec(
         torch_pins=pins(lock.stack, companions=lock.companions),
@@ -551,6 +563,20 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, proj
         env=env,
         arch=lock.stack.machine,
     )
+
+
+def _base_glibc(given: str, lock: Lock) -> str:
+    """The custom base image's glibc (base-glibc, --base-glibc), which the closure is resolved
+    for; refused where the lock has no custom base (the stack's own is Ubuntu's)."""
+    from envbuild.project.model import check_base_glibc
+    from envbuild.render.docker import custom_base
+
+    glibc = check_base_glibc(given)
+    if not custom_base(lock):
+        raise UsageError(f"base-glibc {glibc} names the glibc of a custom base image, and this lock's "
+                         f"base is the stack's own ({lock.stack.base_image}, Ubuntu {lock.stack.ubuntu})",
+                         hint="set base-image (or --base-image) too, or drop base-glibc")
+    return glibc
 
 
 def cutoff_given(args: argparse.Namespace, project: Project | None) -> str | None:

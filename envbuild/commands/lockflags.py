@@ -39,7 +39,7 @@ RESULT_FLAGS: tuple[tuple[str, str, Kind, object], ...] = (
     ("--no-compile-toolchain", "compile_toolchain", "false", True),
     ("--offline", "offline", "true", False), ("--no-registry", "no_registry", "true", False),
     ("--find-links", "find_links", "list", ()), ("--installer", "installer", "value", None),
-    ("--exclude-newer", "exclude_newer", "value", None),
+    ("--exclude-newer", "exclude_newer", "value", None), ("--base-glibc", "base_glibc", "value", None),
 )
 _BY_OPTION = {option: (dest, kind) for option, dest, kind, _ in RESULT_FLAGS}
 

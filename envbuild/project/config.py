@@ -23,7 +23,7 @@ from envbuild.errors import UsageError
 from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
-from envbuild.project.model import INSTALLER_CHOICES, Project, Target
+from envbuild.project.model import INSTALLER_CHOICES, Project, Target, check_base_glibc
 from envbuild.project.toml import KeyPath, dotted, line_of, parse
 
 PROJECT_FILE = "envbuild.toml"
@@ -36,8 +36,8 @@ TARGET_KEYS = ("name", "driver", "gpus", "archs", "datacenter", "platform", *FLE
 STACK_KEYS = ("torch", "python", "cuda", "cudnn", "ubuntu", "variant", "flavor", "companions")
 DEPENDENCY_KEYS = ("dependencies", "extras", "groups", "requirements", "pyproject")
 IMAGE_KEYS = ("extensions", "build-sdists", "build-env", "apt-packages", "compile-toolchain", "env", "user",
-              "base-image", "index-url", "torch-index-url", "find-links", "registry-mirrors", "installer",
-              "exclude-newer", "apt-snapshot")
+              "base-image", "base-glibc", "index-url", "torch-index-url", "find-links", "registry-mirrors",
+              "installer", "exclude-newer", "apt-snapshot")
 TOP_KEYS = ("driver", "gpus", "archs", "datacenter", "platform", *FLEET_KEYS, "targets", *STACK_KEYS,
             *DEPENDENCY_KEYS,
             *IMAGE_KEYS)
@@ -423,6 +423,12 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
     if installer is not None and installer not in INSTALLER_CHOICES:
         raise reader.fail(["installer"], f"unknown installer {quoted(installer)}",
                           "uv (the default: parallel downloads) or pip (the image's own)")
+    base_glibc = reader.string(table, "base-glibc", [])
+    if base_glibc is not None:
+        try:
+            base_glibc = check_base_glibc(base_glibc)
+        except UsageError as exc:
+            raise reader.fail(["base-glibc"], exc.message, exc.hint) from None
     files = sorted({(_relative(p, root), d) for p, d in sources})
     return Project(
         path=path, root=root, targets=targets,
@@ -436,7 +442,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         constraints=gathered.constraint_lines(), hashes=tuple(gathered.hashes),
         apt_packages=reader.strings(table, "apt-packages", []), env=tuple(env_pairs),
         user=reader.string(table, "user", []) or "envbuild",
-        base_image=reader.string(table, "base-image", []),
+        base_image=reader.string(table, "base-image", []), base_glibc=base_glibc,
         index_url=reader.string(table, "index-url", []),
         torch_index_url=reader.string(table, "torch-index-url", []),
         find_links=find_links, extensions=extensions, build_sdists=build_sdists, all_sdists=all_sdists,

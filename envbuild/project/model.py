@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envbuild.confine import quoted
+from envbuild.errors import UsageError
 from envbuild.extensions.tree import Extension
 from envbuild.fleet.placement import Placement
 from envbuild.project import INSTALLER_CHOICES as INSTALLER_CHOICES  # re-exported: config.py reads it here
+
+# base-glibc (project key, lock --base-glibc): the glibc of a custom base image, which the
+# closure's wheels are resolved for instead of the stack's Ubuntu's. uv resolves manylinux
+# platforms from 2.17 (manylinux2014) on.
+_BASE_GLIBC = re.compile(r"2\.(\d{1,2})")
+OLDEST_BASE_GLIBC = 17
+
+
+def check_base_glibc(value: str) -> str:
+    """``value`` as "2.N", or UsageError (exit 2) saying what is wrong with it."""
+    match = _BASE_GLIBC.fullmatch(value.strip())
+    if match is None:
+        raise UsageError(f"base-glibc {quoted(value)} is not a glibc version 2.N",
+                         hint='write it as "2.36" (Debian 12): `ldd --version` in the base image prints it')
+    if int(match[1]) < OLDEST_BASE_GLIBC:
+        raise UsageError(f"base-glibc {value} is older than glibc 2.{OLDEST_BASE_GLIBC}, the oldest "
+                         "manylinux platform a closure is resolved for",
+                         hint=f"use a base image with glibc 2.{OLDEST_BASE_GLIBC} or newer")
+    return f"2.{int(match[1])}"
 
 
 @dataclass(frozen=True)
@@ -51,6 +73,7 @@ class Project:
     env: tuple[tuple[str, str], ...] = ()
     user: str = "envbuild"
     base_image: str | None = None
+    base_glibc: str | None = None  # the custom base image's glibc ("2.36"): the closure's platform
     index_url: str | None = None
     torch_index_url: str | None = None
     find_links: tuple[str, ...] = ()
