@@ -121,3 +121,93 @@ def test_numpy_bridge_missing_warns_with_the_fix(monkeypatch: pytest.MonkeyPatch
         assert real.status == "warn" and "Numpy is not available" in real.message
     else:
         assert t0_environment.check_numpy(torch).status == "pass"
+
+
+# ------------------------------------------------- the compile child beside the other checks
+
+
+class Recorder:
+    """begin_compile's stand-in: notes how many checks had run when it was called, and
+    answers with a Pending whose outcome says so."""
+
+    def __init__(self, run: runner.Run) -> None:
+        self.run = run
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def __call__(self, torch: Any, device: str, env: Any) -> compiling.Pending:
+        self.calls.append((device, [c.name for c in self.run.checks]))
+        return compiling.Pending(device, results.ok(f"begun early on {device}"))
+
+
+def test_on_the_cpu_the_child_starts_before_the_other_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = runner.Run(runner.Options(tier=1, cpu_ok=True), {})
+    run.torch, run.gpu_block = torch, "no GPU visible"
+    begun = Recorder(run)
+    monkeypatch.setattr(t1_correctness, "begin_compile", begun)
+    monkeypatch.setattr(t1_correctness, "check_compile", lambda *a: pytest.fail("compiled a second time"))
+    monkeypatch.setattr(t1_correctness, "_check_cpu_selfcheck", lambda run: results.ok("self-check"))
+    t1_correctness.tier1(run)
+    assert begun.calls == [("cpu", ["gpu.visible"])]  # before the device checks and the self-check
+    compiled = next(c for c in run.checks if c.name == "torch.compile")
+    assert (compiled.status, compiled.message) == ("pass", "begun early on cpu")
+    assert run.checks[-1].name == "torch.compile"  # still reported last
+
+
+def test_on_a_gpu_it_starts_once_the_first_kernel_passed_and_never_after_a_failed_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for kernel in ("pass", "fail"):
+        run = runner.Run(runner.Options(tier=1), {})
+        run.torch, run.devices = torch, [0]
+        begun = Recorder(run)
+        monkeypatch.setattr(t1_correctness, "begin_compile", begun)
+        monkeypatch.setattr(t1_correctness, "_check_visible", lambda run: results.ok("1 GPU"))
+        outcome = results.ok("kernel ran") if kernel == "pass" else results.fail("arange result is on cpu")
+        checks = tuple((n, (lambda run, i, o=outcome: o) if n == "gpu.kernel" else
+                        (lambda run, i, n=n: results.ok(n)), False)
+                       for n, _, _ in t1_correctness.T1_DEVICE_CHECKS)
+        monkeypatch.setattr(t1_correctness, "T1_DEVICE_CHECKS", checks)
+        monkeypatch.setattr(t1_correctness, "_check_dev_nodes", lambda run: results.ok("nodes"))
+        monkeypatch.setattr(t1_correctness, "judge_libcuda", lambda text: results.ok("libcuda"))
+        monkeypatch.setattr(t1_correctness, "_check_cpu_selfcheck", lambda run: results.ok("self-check"))
+        t1_correctness.tier1(run)
+        compiled = next(c for c in run.checks if c.name == "torch.compile")
+        if kernel == "pass":
+            assert begun.calls == [("cuda:0", ["gpu.visible", "gpu.arch@cuda:0", "gpu.kernel@cuda:0"])]
+            assert compiled.message == "begun early on cuda:0"
+        else:
+            assert begun.calls == [] and compiled.status == "skip" and "gpu.kernel@cuda:0" in compiled.message
+
+
+def test_a_child_not_judged_is_killed_and_its_files_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in a check after the child started: the tier's clean-up kills it."""
+    monkeypatch.setattr(compiling, "PROBE", "import time; time.sleep(60)")
+    started: list[compiling.Pending] = []
+
+    def begin(torch: Any, device: str, env: Any) -> compiling.Pending:
+        started.append(compiling.Pending(device, child=compiling.Child(device, dict(os.environ))))
+        return started[-1]
+
+    def interrupted(run: runner.Run) -> results.Outcome:
+        raise KeyboardInterrupt
+
+    run = runner.Run(runner.Options(tier=1, cpu_ok=True), {})
+    run.torch, run.gpu_block = torch, "no GPU visible"
+    monkeypatch.setattr(t1_correctness, "begin_compile", begin)
+    monkeypatch.setattr(t1_correctness, "_check_cpu_selfcheck", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        t1_correctness.tier1(run)
+    child = started[0].child
+    assert child is not None and child.process is not None
+    assert child.process.poll() is not None and not os.path.exists(child.cache)
+
+
+def test_the_timeout_counts_from_the_childs_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiling, "PROBE", "import time; time.sleep(60)")
+    child = compiling.Child("cpu", dict(os.environ))
+    found = child.result(timeout=0.5)
+    assert found == {"ok": False, "exception": "compiling took longer than 0.5 s"}
+    assert child.process is not None and child.process.poll() is not None
+    assert not os.path.exists(child.cache)
+    monkeypatch.setattr(compiling, "PROBE", 'print(\'{"ok": true, "is_cuda": false, "error": 0.0}\')')
+    done = compiling.Child("cpu", dict(os.environ)).result(timeout=60)
+    assert done["ok"] is True and done["seconds"] >= 0

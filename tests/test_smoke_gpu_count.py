@@ -12,6 +12,7 @@ import pytest
 
 from envbuild.smoke import __main__ as cli
 from envbuild.smoke import runner, t0_environment, t1_correctness
+from envbuild.smoke.compiling import Pending
 from envbuild.smoke.gpu_count import judge_gpu_count
 from envbuild.smoke.report import skip
 
@@ -86,6 +87,8 @@ def test_cpu_ok_never_applies_the_count(monkeypatch: pytest.MonkeyPatch) -> None
     is a GPU check, skipped: never passed, never failed. Tier 1's real compile (a child process,
     15 s) proves nothing here: tests/test_smoke.py's --cpu-ok run compiles for real."""
     monkeypatch.setattr(t1_correctness, "check_compile", lambda *args: skip("not compiled in this test"))
+    monkeypatch.setattr(t1_correctness, "begin_compile",
+                        lambda torch, device, env: Pending(device, skip("not compiled in this test")))
     for expect, present in ((8, True), (None, False)):
         run = runner.Run(runner.Options(tier=1, cpu_ok=True, expect_gpus=expect), {})
         run.torch = one_h100_torch()

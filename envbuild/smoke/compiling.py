@@ -14,6 +14,7 @@ by an earlier run (when a compiler was there) would otherwise hide a compiler mi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from typing import Any, Mapping, Optional
 
 from .report import Outcome, fail, ok, skip, warn
@@ -29,6 +31,7 @@ from .rules import COMPILE_TOOLCHAIN_ENV
 # max |compiled - eager| / max |eager| for a float32 pointwise+reduction kernel: Inductor may
 # reorder a sum or fuse differently (errors near 1e-7 here), a wrong kernel is off by order 1.
 COMPILE_TOLERANCE = 1e-4
+KILL_WAIT_S = 5.0  # a killed child that has not ended by then is left to end on its own
 COMPILE_TIMEOUT_S = 600.0  # a cold compile took 73 s on a loaded 2-core VM (2026-11-25)
 
 INSTALL_HINT = (
@@ -97,25 +100,67 @@ def missing_parts(found: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+class Child:
+    """The compile child, started now and judged later: tier 1 starts it once the GPU is known
+    to be visible, so that it imports torch and compiles beside the device checks (on an H200
+    host the compile took 15-18 s of a 22 s tier 1, the other checks 6 s, one after the other).
+    Its output goes to files, not pipes, so a chatty child never waits for the parent to read."""
+
+    def __init__(self, device: str, env: Mapping[str, str]) -> None:
+        self.device = device
+        self.cache = tempfile.mkdtemp(prefix="envbuild-compile-")
+        child_env = dict(env)
+        child_env.update({
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(self.cache, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(self.cache, "triton"),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no worker pool to start for one kernel
+        })
+        self.started = time.monotonic()
+        self.process = None  # type: Optional[subprocess.Popen[bytes]]
+        try:
+            with open(os.path.join(self.cache, "out"), "wb") as out, \
+                    open(os.path.join(self.cache, "err"), "wb") as err:
+                self.process = subprocess.Popen([sys.executable, "-c", PROBE, device], env=child_env,
+                                                stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError:
+            shutil.rmtree(self.cache, ignore_errors=True)
+            raise
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """Its JSON, or what went wrong; ``timeout`` counts from its start. Ends it either way."""
+        assert self.process is not None
+        try:
+            self.process.wait(timeout=max(0.0, self.started + timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return {"ok": False, "exception": "compiling took longer than %g s" % timeout}
+        try:
+            with open(os.path.join(self.cache, "out"), encoding="utf-8", errors="replace") as out, \
+                    open(os.path.join(self.cache, "err"), encoding="utf-8", errors="replace") as err:
+                found = parse_probe(out.read(), err.read(), self.process.returncode)
+        finally:
+            self.cancel()
+        found["seconds"] = round(time.monotonic() - self.started, 3)
+        return found
+
+    def cancel(self) -> None:
+        """Kill it where it still runs (a check that will not be judged, Ctrl-C) and remove its
+        files; a second call does nothing."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            # stuck in the driver, it ends once it leaves it; the smoke run goes on meanwhile
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(KILL_WAIT_S)
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
 def run_probe(device: str, env: Mapping[str, str], timeout: float) -> dict[str, Any]:
     """Compile PROBE's function in a child on ``device``; its JSON, or what went wrong."""
-    cache = tempfile.mkdtemp(prefix="envbuild-compile-")
-    child_env = dict(env)
-    child_env.update({
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
-        "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no worker pool to start for one kernel
-    })
+    child = Child(device, env)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", PROBE, device], env=child_env, capture_output=True,
-            text=True, timeout=timeout, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "exception": "compiling took longer than %g s" % timeout}
+        return child.result(timeout)
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
-    return parse_probe(proc.stdout, proc.stderr, proc.returncode)
+        child.cancel()
 
 
 def parse_probe(stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
@@ -178,11 +223,29 @@ def judge_probe(result: Mapping[str, Any], device: str, opted_out: bool) -> Outc
               value)
 
 
-def check_compile(torch: Any, device: str, env: Mapping[str, str],
-                  timeout: Optional[float] = None) -> Outcome:
-    """Toolchain first (a quick, named answer), then a real compile compared with eager."""
+class Pending:
+    """A torch.compile check begun ahead of its turn (``begin_compile``): either its verdict,
+    known at once (no torch, a missing compiler), or its child, running."""
+
+    def __init__(self, device: str, outcome: Optional[Outcome] = None, child: Optional[Child] = None,
+                 opted_out: bool = False) -> None:
+        self.device, self.outcome, self.child, self.opted_out = device, outcome, child, opted_out
+
+    def finish(self, timeout: Optional[float] = None) -> Outcome:
+        if self.outcome is not None:
+            return self.outcome
+        assert self.child is not None
+        return judge_probe(self.child.result(timeout or COMPILE_TIMEOUT_S), self.device, self.opted_out)
+
+    def cancel(self) -> None:
+        if self.child is not None:
+            self.child.cancel()
+
+
+def begin_compile(torch: Any, device: str, env: Mapping[str, str]) -> Pending:
+    """Toolchain first (a quick, named answer), else the compile child started."""
     if torch is None:
-        return skip("torch is not importable", hint="fix torch.import first")
+        return Pending(device, skip("torch is not importable", hint="fix torch.import first"))
     opted_out = env.get(COMPILE_TOOLCHAIN_ENV) == "0"
     found = find_toolchain(device, env)
     missing = missing_parts(found)
@@ -190,6 +253,17 @@ def check_compile(torch: Any, device: str, env: Mapping[str, str],
         message = "torch.compile cannot work on %s: missing %s" % (device, "; ".join(missing))
         value = {"device": device, "toolchain": found, "opted_out": opted_out}
         if opted_out:
-            return warn(message + "; the image opted out of the compile toolchain", value, OPTED_OUT_HINT)
-        return fail(message, value, INSTALL_HINT)
-    return judge_probe(run_probe(device, env, timeout or COMPILE_TIMEOUT_S), device, opted_out)
+            return Pending(device, warn(message + "; the image opted out of the compile toolchain", value,
+                                        OPTED_OUT_HINT))
+        return Pending(device, fail(message, value, INSTALL_HINT))
+    return Pending(device, child=Child(device, env), opted_out=opted_out)
+
+
+def check_compile(torch: Any, device: str, env: Mapping[str, str],
+                  timeout: Optional[float] = None) -> Outcome:
+    """Toolchain first, then a real compile compared with eager, waited for now."""
+    pending = begin_compile(torch, device, env)
+    try:
+        return pending.finish(timeout)
+    finally:
+        pending.cancel()

@@ -11,7 +11,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from .arch import arch_coverage, arch_hint
-from .compiling import check_compile
+from .compiling import Pending, begin_compile, check_compile
 from .diagnose import diagnose_no_gpu
 from .gpu_count import judge_gpu_count
 from .numeric import compare_result
@@ -40,30 +40,53 @@ def tier1(run: Run) -> None:
         run.gpu_block = "no GPU visible"
     if run.options.expect_gpus is not None:
         run.check("gpu.count", 1, lambda: _check_count(run), gpu=True)
-    for index in indices(run):
-        suffix = "" if index is None else "@cuda:%d" % index
-        for name, fn, heavy in T1_DEVICE_CHECKS:
-            run.check(name + suffix, 1, bind(fn, run, index), gpu=True, device=index, heavy=heavy)
-    # After the kernels above: libcuda is mapped once a kernel has run.
-    run.check("gpu.dev_nodes", 1, lambda: _check_dev_nodes(run), gpu=True)
-    run.check("gpu.libcuda", 1, lambda: judge_libcuda(read_text("/proc/self/maps")), gpu=True)
-    run.check("cpu.selfcheck", 1, lambda: _check_cpu_selfcheck(run), heavy=True)
-    run.check("torch.compile", 1, lambda: _check_compile(run))
+    # The compile child runs beside the checks below and is judged last, as before: on the CPU
+    # (--cpu-ok without a GPU) from here, on the first GPU once its first kernel passed there
+    # (a GPU that fails it may hang a new process's CUDA start, which no compile should meet).
+    device = _compile_device(run)
+    pending = begin_compile(run.torch, device, run.env) if device == "cpu" else None
+    try:
+        for index in indices(run):
+            suffix = "" if index is None else "@cuda:%d" % index
+            for name, fn, heavy in T1_DEVICE_CHECKS:
+                done = run.check(name + suffix, 1, bind(fn, run, index), gpu=True, device=index, heavy=heavy)
+                if (pending is None and device == "cuda:0" and index == 0 and name == "gpu.kernel"
+                        and done.status == "pass"):
+                    pending = begin_compile(run.torch, device, run.env)
+        # After the kernels above: libcuda is mapped once a kernel has run.
+        run.check("gpu.dev_nodes", 1, lambda: _check_dev_nodes(run), gpu=True)
+        run.check("gpu.libcuda", 1, lambda: judge_libcuda(read_text("/proc/self/maps")), gpu=True)
+        run.check("cpu.selfcheck", 1, lambda: _check_cpu_selfcheck(run), heavy=True)
+        run.check("torch.compile", 1, lambda: _check_compile(run, pending))
+    finally:
+        if pending is not None:
+            pending.cancel()  # a child never judged (an error, Ctrl-C) is not left running
 
 
-def _check_compile(run: Run) -> Outcome:
-    """Triton on the first GPU once its first kernel ran there; Inductor's C++ on the CPU when
-    no GPU is expected (--cpu-ok); skipped when the GPU checks are blocked."""
+def _compile_device(run: Run) -> str | None:
+    """Where torch.compile is checked: the first GPU, the CPU when no GPU is expected
+    (--cpu-ok), None when the GPU checks are blocked."""
     if run.gpu_block is not None and not run.options.cpu_ok:
+        return None
+    return "cuda:0" if run.devices and run.gpu_block is None else "cpu"
+
+
+def _check_compile(run: Run, pending: Pending | None = None) -> Outcome:
+    """Triton on the first GPU once its first kernel ran there; Inductor's C++ on the CPU when
+    no GPU is expected (--cpu-ok); skipped when the GPU checks are blocked. ``pending``: the
+    check begun at the tier's start, used where it is for the device known now."""
+    device = _compile_device(run)
+    if device is None:
+        assert run.gpu_block is not None
         return skip("blocked: %s" % run.gpu_block, hint="fix %s first" % BLOCK_SOURCES.get(
             run.gpu_block, "the first failure above"))
-    device = "cpu"
-    if run.devices and run.gpu_block is None:
+    if device.startswith("cuda"):
         kernel = next((c for c in run.checks if c.name == "gpu.kernel@cuda:0"), None)
         if kernel is None or kernel.status != "pass":
             return skip("blocked: gpu.kernel@cuda:0 did not pass", hint="fix gpu.kernel@cuda:0 first")
-        device = "cuda:0"
-    return check_compile(run.torch, device, run.env, run.options.timeout)
+    if pending is None or pending.device != device:
+        return check_compile(run.torch, device, run.env, run.options.timeout)
+    return pending.finish(run.options.timeout)
 
 
 def _matmul_on(dtype: str) -> Callable[[Run, int], Outcome]:
