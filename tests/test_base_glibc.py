@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_lock_command import BASE, INDEXES, LINUX, serve_indexes
-
-from envbuild.commands.cli import main
+from test_lock_command import BASE, INDEXES, LINUX, run, serve_indexes
 
 DISTS = {"torch": INDEXES["torch"],
          "default": [*INDEXES["default"], ("glibcpkg", "2.0", "cp311-cp311-manylinux_2_39_x86_64", ()),
@@ -47,12 +45,6 @@ def project(directory: Path, indexes: str, *, extra: str = "", base: bool = True
 def locked(directory: Path) -> dict[str, object]:
     target: dict[str, object] = json.loads((directory / "envbuild.lock").read_text())["targets"]["default"]
     return target
-
-
-def run(capsys: pytest.CaptureFixture[str], env: dict[str, str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv), env=env)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_closure_is_resolved_for_the_bases_glibc(tmp_path: Path, indexes: str, env: dict[str, str],
