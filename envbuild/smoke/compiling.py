@@ -101,13 +101,13 @@ def missing_parts(found: Mapping[str, Any]) -> list[str]:
 
 
 class Child:
-    """The compile child, started now and judged later: tier 1 starts it once the GPU is known
-    to be visible, so that it imports torch and compiles beside the device checks (on an H200
-    host the compile took 15-18 s of a 22 s tier 1, the other checks 6 s, one after the other).
-    Its output goes to files, not pipes, so a chatty child never waits for the parent to read."""
+    """The compile child, started now and judged later: tier 1 starts it as early as it may (at
+    its start on the CPU, once the first GPU's first kernel passed there), so that it imports
+    torch and compiles beside the other checks (on an H200 host the compile took 15-18 s of a
+    22 s tier 1, the other checks 6 s, one after the other). Its output goes to files, not
+    pipes, so a chatty child never waits for the parent to read."""
 
     def __init__(self, device: str, env: Mapping[str, str]) -> None:
-        self.device = device
         self.cache = tempfile.mkdtemp(prefix="envbuild-compile-")
         child_env = dict(env)
         child_env.update({

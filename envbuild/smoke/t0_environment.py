@@ -213,7 +213,7 @@ SHOWN_MAX = 80
 def shorten(value: str) -> str:
     """A variable's value for the one-line message; the JSON report keeps it whole. NVIDIA's
     CUDA images set NVIDIA_REQUIRE_CUDA to the CUDA floor and then a driver range per brand:
-    3,000 characters on the H200 host of 2026-11-28, all of it printed on one line before."""
+    2,165 characters on the H200 host of 2026-11-28, all of it printed on one line before."""
     if len(value) <= SHOWN_MAX:
         return value
     terms = value.split()
