@@ -10,12 +10,13 @@ manylinux_2_28 one.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_lock_command import BASE, INDEXES, LINUX, run, serve_indexes
+from test_lock_command import BASE, INDEXES, LINUX, env, run, serve_indexes
+
+__all__ = ["env"]  # the fixture, imported for pytest
 
 DISTS = {"torch": INDEXES["torch"],
          "default": [*INDEXES["default"], ("glibcpkg", "2.0", "cp311-cp311-manylinux_2_39_x86_64", ()),
@@ -25,12 +26,6 @@ DISTS = {"torch": INDEXES["torch"],
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from serve_indexes(tmp_path_factory.mktemp("indexes"), DISTS)
-
-
-@pytest.fixture()
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**os.environ, "UV_CACHE_DIR": str(tmp_path_factory.mktemp("uv-cache")), "UV_HTTP_RETRIES": "0",
-            "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("envbuild-cache"))}
 
 
 def project(directory: Path, indexes: str, *, extra: str = "", base: bool = True) -> Path:

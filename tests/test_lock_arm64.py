@@ -103,3 +103,18 @@ def test_a_target_platform_key_is_checked_and_wins(tmp_path: Path, indexes: str,
     assert code == 0, err
     lock = json.loads((tmp_path / "envbuild.lock").read_text())
     assert lock["targets"]["arm"]["pylock"]["platform"].startswith("aarch64-")
+
+
+def test_base_glibc_holds_for_every_target_platform(tmp_path: Path, indexes: str, env: dict[str, str],
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """base-glibc (docs/faults.md I16) names the custom base's glibc: the arm64 target's closure is
+    resolved for it as the x86 one's is, each on its own CPU."""
+    monkeypatch.chdir(_project(tmp_path, indexes, 'base-glibc = "2.36"\n' + FLEET))
+    code, _, err = run(capsys, env, "lock")
+    assert code == 0, err
+    targets = json.loads((tmp_path / "envbuild.lock").read_text())["targets"]
+    assert targets["h100"]["pylock"]["platform"] == "x86_64-manylinux_2_36"
+    assert targets["gb200"]["pylock"]["platform"] == "aarch64-manylinux_2_36"
+    assert re.search(r"pyyaml-6\.0\.2-cp311-cp311-manylinux_2_28_aarch64\.whl",
+                     (tmp_path / "pylock.gb200.toml").read_text())
