@@ -120,3 +120,35 @@ def test_the_gpu_catalogue_is_unpacked_only_when_a_gpu_is_named(data: Path, tmp_
     assert sum(row is not None for row in warm.gpu_rows()._rows) == 1  # the one row found
     assert len(warm.rows("gpus")) >= 150
     assert warm.rows("gpus")[warm.gpu_keys["rtx3080"]]["name"] == "NVIDIA GeForce RTX 3080"
+
+
+def test_a_loaded_matrix_keeps_its_index_in_the_cache_directory(data: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lock`` reads the whole matrix and then its index (index_of): the index is kept beside
+    the matrix's own cache, keyed by every data file's content, and read there the next time."""
+    cache = tmp_path / "cache"
+
+    def loaded() -> matrix.Matrix:
+        matrix.load.cache_clear()  # each load as a new process would do it
+        return matrix.load(data, cache_dir=cache)
+
+    first = index.index_of(loaded())
+    kept = Path(index._kept_file(str(cache)))
+    assert kept.is_file()
+    built: list[matrix.Matrix] = []
+    real = index.build_index
+    monkeypatch.setattr(index, "build_index", lambda m: built.append(m) or real(m))
+    second = index.index_of(loaded())
+    assert built == []  # read, not built
+    assert second.rows("torch_variants") == first.rows("torch_variants")
+    assert _gpu_names(second) == _gpu_names(first)
+    # other data: another content digest, so the kept index is not this matrix's
+    (data / "gpus.yaml").write_text((data / "gpus.yaml").read_text() + "\n# a comment\n")
+    index.index_of(loaded())
+    assert len(built) == 1
+    # a kept file that is not an index of this code's: built again, never an error
+    for junk in (b"not marshal", marshal.dumps({"format": -1})):
+        kept.write_bytes(junk)
+        index.index_of(loaded())
+    assert len(built) == 3
+    matrix.load.cache_clear()

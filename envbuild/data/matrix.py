@@ -126,7 +126,10 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
         relations = parse_all(files)
         _write_json_cache(cache_dir, key, relations)
     digest = _digest({name: data for name, data in files.items() if name not in NOT_RESOLVED})
-    return Matrix(directory=directory, relations=relations, digest=digest)
+    loaded = Matrix(directory=directory, relations=relations, digest=digest)
+    if cache_dir is not None:  # where the resolver's index of these files may be kept (resolver/index.py)
+        loaded.derived["cache"] = (str(cache_dir), key)
+    return loaded
 
 
 def _read_files(directory: Path) -> dict[str, bytes]:
