@@ -141,6 +141,16 @@ def test_a_release_held_back_by_wheels_only_resolution_is_reported(
     assert pinned.held_back == () and pinned.notes == ()  # the requirement allows nothing newer
 
 
+def test_a_release_the_projects_constraints_exclude_is_not_held_back(
+        empty_index: str, links: str, uv_env: dict[str, str]) -> None:
+    """keep 2.0 is a wheel the project's -c constraints (keep<2) exclude: the survey is held to
+    them as the closure's run is, so keep 1.0 is not reported as held back by an sdist (it was,
+    before the survey took the constraints)."""
+    got = compile_closure(spec(empty_index, links, uv_env, "keep", "held", constraints=("keep<2",)))
+    assert got.packages == {"held": "0.1", "keep": "1.0"}
+    assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
+
+
 def test_a_kept_previous_pin_is_no_downgrade_unless_the_newer_release_is_an_sdist_only(
         empty_index: str, links: str, uv_env: dict[str, str]) -> None:
     """A lock made before (keep 1.0, held 0.1) locked again: uv keeps both pins. keep 2.0 has a

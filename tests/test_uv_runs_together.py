@@ -1,21 +1,28 @@
-"""The survey's uv run (sdists allowed) runs beside the closure's, and the lock's uv runs end
-together (envbuild/pylock/uv.py's ``_Live``): a run that fails, or Ctrl-C, leaves no uv running
-and reports at once, never after the other run's own end."""
+"""When the survey's uv run (sdists allowed) runs: after the closure's, from uv's cache, for a
+fresh lock; beside it where the lock keeps previous pins or is offline. And the lock's uv runs
+end together (envbuild/pylock/uv.py's ``_Live``): a run that fails, or Ctrl-C, leaves no uv
+running and reports at once, never after the other run's own end."""
 
 from __future__ import annotations
 
+import hashlib
+import html
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_lock_command import serve_directory
 from test_sdist_builds import empty_index  # noqa: F401 (fixture)
-from test_sdist_survey import links, spec, uv_env  # noqa: F401 (fixtures)
+from test_sdist_survey import links, sdist, spec, uv_env, wheel  # noqa: F401 (fixtures)
 
 from envbuild.errors import DataError
-from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, compile_closure, find_uv
+from envbuild.pylock.files import Pylock, read_pylock
+from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, answered_by_cache, compile_closure, find_uv
 
 
 def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:
@@ -53,26 +60,114 @@ def gone(pid_file: Path) -> bool:
     return False
 
 
-def test_the_survey_runs_beside_the_closures_run(tmp_path: Path, empty_index: str,  # noqa: F811
-                                                 links: str, uv_env: dict[str, str]) -> None:  # noqa: F811
-    """Each run of a logging uv holds for 0.5 s before uv itself: run one after the other they
-    never overlap; the lock's two runs that read the index do, and the result is the survey's as before."""
+def logging_uv(tmp_path: Path) -> tuple[str, Path]:
+    """A uv that logs each run's start, end and arguments, each run held 0.5 s before uv itself."""
     log, real = tmp_path / "runs.log", find_uv(None)
     wrapper = tmp_path / "uv"
     wrapper.write_text(f'#!/bin/sh\nstart=$(date +%s.%N)\nsleep 0.5\n"{real}" "$@"\nrc=$?\n'
-                       f'echo "$start $(date +%s.%N) $*" >> {log}\nexit $rc\n')
+                       f'echo "$start $(date +%s.%N) $rc $*" >> {log}\nexit $rc\n')
     wrapper.chmod(0o755)
-    got = compile_closure(spec(empty_index, links, uv_env, "keep", "held", uv=str(wrapper)))
+    return str(wrapper), log
+
+
+def runs_of(log: Path) -> tuple[tuple[float, float], list[tuple[float, float, str]]]:
+    """(the closure's run, the survey's runs: start, end and "cache" or "index"); each of them succeeded."""
+    runs = [line.split(" ", 3) for line in log.read_text().splitlines()]
+    [closure] = [(float(a), float(b), rc) for a, b, rc, args in runs
+                 if "--only-binary" in args and "--offline" not in args]
+    surveys = [(float(a), float(b), "cache" if "--offline" in args else "index", rc)
+               for a, b, rc, args in runs if "--only-binary" not in args and "--generate-hashes" in args]
+    assert closure[2] == "0" and all(rc == "0" for *_, rc in surveys), runs
+    return closure[:2], [survey[:3] for survey in surveys]
+
+
+@pytest.fixture(scope="module")
+def hashed_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PEP 503 index on 127.0.0.1 that gives every file's sha256 and every wheel's metadata
+    (PEP 658), as a public index does: keep 1.0 and 2.0 as wheels; held 0.1 as a wheel and 0.2
+    as an sdist only (static metadata). Yields its /simple URL."""
+    root = tmp_path_factory.mktemp("hashed-index")
+    files: dict[str, list[tuple[str, bytes, bytes | None]]] = {
+        "keep": [(f"keep-{v}-py3-none-any.whl", wheel("keep", v), metadata("keep", v))
+                 for v in ("1.0", "2.0")],
+        "held": [("held-0.1-py3-none-any.whl", wheel("held", "0.1"), metadata("held", "0.1")),
+                 ("held-0.2.tar.gz", sdist("held", "0.2"), None)],
+    }
+    (root / "files").mkdir()
+    for name, dists in files.items():
+        anchors = []
+        for filename, content, meta in dists:
+            (root / "files" / filename).write_bytes(content)
+            attributes = ""
+            if meta is not None:
+                (root / "files" / f"{filename}.metadata").write_bytes(meta)
+                attributes = f' data-dist-info-metadata="sha256={hashlib.sha256(meta).hexdigest()}"'
+            href = html.escape(f"../../files/{filename}#sha256={hashlib.sha256(content).hexdigest()}")
+            anchors.append(f'<a href="{href}"{attributes}>{filename}</a>')
+        (root / "simple" / name).mkdir(parents=True)
+        (root / "simple" / name / "index.html").write_text(
+            "<html><body>\n" + "\n".join(anchors) + "\n</body></html>\n")
+    with serve_directory(root) as url:
+        yield f"{url}/simple"
+
+
+def metadata(name: str, version: str) -> bytes:
+    return f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+
+
+def hashed_spec(index: str, env: dict[str, str], *dependencies: str, **changes: Any) -> ClosureSpec:
+    return ClosureSpec(torch_pins={}, python="3.11", glibc="2.35", dependencies=dependencies,
+                       default_index=index, timeout=120, env=env, **changes)
+
+
+def test_a_fresh_lock_surveys_from_uvs_cache_after_the_closures_run(
+        tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """keep 2.0 is a wheel: the closure's run has just read all the survey needs, so the survey
+    is one run from uv's cache after it, and the index is asked once."""
+    uv, log = logging_uv(tmp_path)
+    got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", uv=uv))
+    assert got.packages == {"keep": "2.0"} and got.held_back == () and got.notes == ()
+    closure, surveys = runs_of(log)
+    assert [kind for _, _, kind in surveys] == ["cache"]
+    assert surveys[0][0] >= closure[1]
+
+
+def test_a_fresh_lock_whose_survey_the_cache_cannot_answer_asks_the_index(
+        tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """held 0.2 is an sdist only, whose metadata the wheels-only closure's run never read: from
+    the cache alone uv answers 0.1 and succeeds, silently but for its -v log; the log says so,
+    and the index is asked."""
+    uv, log = logging_uv(tmp_path)
+    got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=uv))
     assert got.packages == {"held": "0.1", "keep": "2.0"}
     assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
-    runs = [line.split(" ", 2) for line in log.read_text().splitlines()]
-    [closure] = [(float(a), float(b)) for a, b, args in runs
-                 if "--only-binary" in args and "--offline" not in args]
-    [survey] = [(float(a), float(b)) for a, b, args in runs
-                if "--only-binary" not in args and "--generate-hashes" in args]
-    assert survey[0] < closure[1] and closure[0] < survey[1], runs  # they overlap
+    closure, surveys = runs_of(log)  # every run succeeded: the cache's answer was refused for its log
+    assert [kind for _, _, kind in surveys] == ["cache", "index"]
+    assert surveys[0][0] >= closure[1] and surveys[1][0] >= surveys[0][1]
+    # locked again: the survey's online run has put held 0.2's metadata in uv's cache, so the
+    # cache's answer is the index's now and no run asks the index but the closure's
+    log.unlink()
+    again = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=uv))
+    assert again.held_back == got.held_back
+    assert [kind for _, _, kind in runs_of(log)[1]] == ["cache"]
+
+
+def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
+        tmp_path: Path, empty_index: str, links: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """Kept pins: the closure's run reads none of the newer releases the survey takes, so the
+    survey asks the index beside it (from SURVEY_DELAY s after its start), and the result is
+    the survey's as before."""
+    first = compile_closure(spec(empty_index, links, uv_env, "keep==1.0", "held"))
+    uv, log = logging_uv(tmp_path)
+    got = compile_closure(spec(empty_index, links, uv_env, "keep", "held", uv=uv, previous=first.pylock_text))
+    assert got.packages == {"held": "0.1", "keep": "1.0"}
+    assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
+    closure, surveys = runs_of(log)
+    [survey] = surveys
+    assert survey[2] == "index"
+    assert survey[0] < closure[1] and closure[0] < survey[1], (closure, survey)  # they overlap
     # the survey's starts a moment later: two runs' connections opened at once stalled one
-    assert survey[0] - closure[0] >= SURVEY_DELAY * 0.6, runs  # the shells' own start: jitter
+    assert survey[0] - closure[0] >= SURVEY_DELAY * 0.6, (closure, survey)  # the shells' own start: jitter
 
 
 def test_a_closure_run_that_fails_ends_the_survey_and_reports_at_once(tmp_path: Path) -> None:
@@ -120,3 +215,48 @@ def test_ctrl_c_kills_both_runs(tmp_path: Path) -> None:
     assert time.monotonic() - start < 30
     assert gone(tmp_path / "closure.pid") and gone(tmp_path / "survey.pid")
 
+
+def answer(*names: str) -> Pylock:
+    """A survey's answer holding ``names`` (a wheel each)."""
+    packages = "".join(
+        f'[[packages]]\nname = "{n}"\nversion = "1.0"\nwheels = [{{ url = '
+        f'"https://files.example/{n}-1.0-py3-none-any.whl", hashes = {{ sha256 = "{"a" * 64}" }} }}]\n'
+        for n in names)
+    return read_pylock('lock-version = "1.0"\ncreated-by = "uv"\n' + (packages or "packages = []\n"))
+
+
+CACHED_LOG = """\
+DEBUG uv 0.13.9 (x86_64-unknown-linux-gnu)
+DEBUG Adding direct dependency: keep*
+DEBUG Searching for a compatible version of keep (*)
+DEBUG Selecting: keep==2.0 [compatible] (keep-2.0-py3-none-any.whl)
+DEBUG Adding transitive dependency for keep==2.0: six*
+DEBUG Searching for a compatible version of six{sys_platform == 'linux'} (*)
+DEBUG Searching for a compatible version of cuda-toolkit[cublas] (>=13.0.3, <13.0.3+)
+DEBUG Selecting: six==1.17.0 [compatible] (six-1.17.0-py2.py3-none-any.whl)
+Resolved 2 packages in 7ms
+"""
+
+
+def test_a_cache_run_that_searched_only_the_closures_names_and_fetched_nothing_is_the_index_answer() -> None:
+    assert answered_by_cache(CACHED_LOG, answer("keep", "six"), frozenset({"keep", "six", "cuda-toolkit"}))
+
+
+@pytest.mark.parametrize(("log", "locked", "why"), [
+    (CACHED_LOG + "DEBUG Sending fresh GET request for: http://127.0.0.1/files/held-0.2.tar.gz\n",
+     {"keep", "six", "cuda-toolkit"}, "it tried to fetch a file"),
+    (CACHED_LOG + "WARN `held==0.2` needs to be downloaded from a registry\n",
+     {"keep", "six", "cuda-toolkit"}, "it passed over a release it lacked"),
+    (CACHED_LOG + "warning: something uv says at any verbosity\n", {"keep", "six", "cuda-toolkit"},
+     "a line that is not uv's DEBUG log"),
+    (CACHED_LOG, {"keep", "cuda-toolkit"}, "it decided six, whose page the closure's run did not read"),
+    (CACHED_LOG.replace("Searching for a compatible version of six", "Choosing a version of six"),
+     {"keep", "six", "cuda-toolkit"}, "its log does not name every package of its answer"),
+    ("", {"keep", "six"}, "an empty log proves nothing"),
+])
+def test_a_cache_run_is_not_taken_for_the_index_answer(log: str, locked: set[str], why: str) -> None:
+    assert not answered_by_cache(log, answer("keep", "six"), frozenset(locked)), why
+
+
+def test_an_empty_answer_proves_nothing() -> None:
+    assert not answered_by_cache("DEBUG Solving\n", answer(), frozenset({"keep"}))

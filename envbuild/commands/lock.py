@@ -125,6 +125,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     if args.json and (args.check or args.stack_only):
         raise UsageError("--json reports a lock written with its closure: not with --check or --stack-only")
     index = _configured_index(env) if not args.stack_only else _no_index
+    uv = _uv_version_soon() if not (args.stack_only or args.check) else _no_uv
     project = _project(args)
     if args.stack_only:
         if project is not None:
@@ -148,7 +149,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
              f"{' '.join(flags) or 'no flags'} (give them again to keep them)")
     held: dict[str, tuple[HeldBack, ...]] = {}
     lockset = _lock_all(args, env, matrix, _plans(args, project), project, index, previous=previous,
-                        held=held)
+                        held=held, uv=uv)
 
     _write(path, replace(lockset, flags=flags), out, as_json=args.json, held=held)
     return 0
@@ -168,8 +169,29 @@ def _configured_index(env: Mapping[str, str]) -> Callable[[], str]:
     return future.result
 
 
+def _uv_version_soon() -> Callable[[], str]:
+    """The version of the uv that resolves the closure (``uv --version``, a process of its own,
+    which the build installs with unless a previous lock names one): asked on a thread from the
+    start, like pip's index; its error, if any, is raised where the version is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def version() -> str:
+        from envbuild.pylock.uvbin import find_uv, uv_version  # not pylock.uv: that is heavier
+
+        return uv_version(find_uv(None))
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(version)
+    pool.shutdown(wait=False)
+    return future.result
+
+
 def _no_index() -> str:
     raise AssertionError("--stack-only resolves no closure")
+
+
+def _no_uv() -> str:
+    raise AssertionError("--check and --stack-only run no uv")
 
 
 def _stack_only(args: argparse.Namespace, env: Mapping[str, str], path: Path, out: Out) -> int:
@@ -321,9 +343,9 @@ def _target_lock(args: argparse.Namespace, env: Mapping[str, str], matrix: Matri
 
 def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, plans: Sequence[_Plan],
               project: Project | None, index: Callable[[], str], *, previous: LockSet | None,
-              held: dict[str, tuple[HeldBack, ...]]) -> LockSet:
+              held: dict[str, tuple[HeldBack, ...]], uv: Callable[[], str]) -> LockSet:
     """Every target locked; ``held`` gets, per target, the packages wheels-only resolution held
-    back (an sdist-only release: envbuild/pylock/sourceonly.py)."""
+    back (an sdist-only release: envbuild/pylock/sourceonly.py); ``uv``: the resolving uv's version."""
     from dataclasses import replace
 
     from envbuild.commands.lockview import Steps, base_text
@@ -343,7 +365,7 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
             old = previous.targets.get(plan.name) if previous is not None else None
             try:
                 closed = _close(args, env, matrix, project, plan, lock, old, len(plans), steps, index,
-                                started=start, held=held)
+                                uv, started=start, held=held)
             except Exception:
                 based()  # the registry's error first, as when the base was pinned before uv ran
                 raise
@@ -436,7 +458,7 @@ def _pin_base(args: argparse.Namespace, env: Mapping[str, str], project: Project
 
 def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, project: Project | None,
            plan: _Plan, lock: Lock, old: Lock | None, targets: int, steps: Steps,
-           index: Callable[[], str], *, started: Callable[[], None] | None = None,
+           index: Callable[[], str], uv: Callable[[], str], *, started: Callable[[], None] | None = None,
            held: dict[str, tuple[HeldBack, ...]] | None = None) -> Lock:
     """The target's whole closure by uv, into its pylock; ``packages`` becomes every distribution.
     ``started``: called once uv's closure run has started."""
@@ -451,7 +473,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     spec = replace(_spec(args, env, matrix, project, plan, lock, index),
                    previous=None if old is None or old.pylock is None else old.pylock.text,
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
-                   offline=args.offline, installer=_installer_version(args, project, old))
+                   offline=args.offline, installer=_installer_version(args, project, old, uv))
     cutoff = cutoff_given(args, project)
     inputs = closure_inputs(spec, cutoff)
     spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, inputs, args.upgrade))
@@ -465,9 +487,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         whose = f"Ubuntu {lock.stack.ubuntu}'s glibc"
     steps.step(f"resolving the closure with uv for {tag} ({whose})")
     closure = compile_closure(spec, started=started)
-    from envbuild.pylock.files import read_pylock
-
-    pylock = read_pylock(closure.pylock_text)
+    pylock = closure.pylock
     if project is not None and project.hashes:
         from envbuild.pylock.hashed import check_hashed
 
@@ -642,17 +662,16 @@ def installer_choice(args: argparse.Namespace, project: Project | None) -> str:
     return str(args.installer or (project.installer if project is not None else None) or "uv")
 
 
-def _installer_version(args: argparse.Namespace, project: Project | None, old: Lock | None) -> str | None:
+def _installer_version(args: argparse.Namespace, project: Project | None, old: Lock | None,
+                       uv: Callable[[], str]) -> str | None:
     """The uv version the build installs with: the previous lock's (kept like every other pin,
-    unless --upgrade), else the version of the uv that resolves the closure; None for pip."""
-    from envbuild.pylock.uv import find_uv, uv_version
-
+    unless --upgrade), else the version of the uv that resolves the closure (``uv``); None for pip."""
     if installer_choice(args, project) == "pip":
         return None
     if old is not None and old.pylock is not None and old.pylock.installer is not None and not args.upgrade \
             and "uv" not in args.upgrade_package:
         return old.pylock.installer.version
-    return uv_version(find_uv(None))
+    return uv()
 
 
 def _write(path: Path, lockset: LockSet, out: Out, *, as_json: bool = False,

@@ -28,13 +28,19 @@ cannot answer it runs online beside that second run and the hash check. Either w
 is checked against the index; the index pages of the names known in advance are fetched
 meanwhile.
 
-The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed,
-needs nothing of the first run's answer: it runs beside it, in its own directory, from
-SURVEY_DELAY s after the first run's start (two runs opening their connections at once made a
-burst of name look-ups that a resolver answered 5 s late), and is compared with it
-afterwards. Each run is registered while it runs: where the lock fails in any thread or is
-interrupted (Ctrl-C, SIGTERM), every uv still running is killed before the lock reports its
-error, and none starts after.
+The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed
+and held to the same cut-off and constraints, needs nothing of the first run's answer, and is
+compared with it afterwards. A fresh lock surveys after the first run, from uv's cache alone,
+which that run has just brought up to date (about 60 ms instead of a second round of the
+index's pages); it takes that answer only where uv's ``-v`` log shows it is the index's
+(:func:`answered_by_cache`: no release passed over for want of its metadata, no package whose
+page the first run did not read), else asks the index. A lock that keeps previous pins (the
+first run then reads none of the newer releases the survey takes) or is offline surveys beside
+the first run, in its own directory, from SURVEY_DELAY s after its start (two runs opening
+their connections at once made a burst of name look-ups that a resolver answered 5 s late).
+Each run is registered while it runs: where the lock fails in any thread or is interrupted
+(Ctrl-C, SIGTERM), every uv still running is killed before the lock reports its error, and
+none starts after.
 
 Errors (docs/faults.md H20–H29): uv missing → UsageError (2); a conflict → NoCompatibleStack (3)
 naming the stack's pin and the user's requirement; an index without sha256 for a file, uv
@@ -77,6 +83,8 @@ from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
 from envbuild.pylock.sourceonly import HeldBack
 from envbuild.pylock.sources import archives, check_source
+from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
+from envbuild.pylock.uvbin import uv_version as uv_version
 from envbuild.redact import redact, server_text
 from envbuild.upstream import pipconfig
 
@@ -143,6 +151,7 @@ class InstallerWheel:
 @dataclass(frozen=True)
 class Closure:
     pylock_text: str
+    pylock: Pylock  # pylock_text, read (and checked) once
     packages: dict[str, str]  # canonical name -> version, every distribution of the pylock
     torch_layer: frozenset[str]  # canonical names: the pinned packages and their closure
     installer: InstallerWheel | None = None
@@ -151,37 +160,6 @@ class Closure:
     # being the reason (envbuild/pylock/sourceonly.py); and why that check could not be made.
     held_back: tuple[HeldBack, ...] = ()
     notes: tuple[str, ...] = ()
-
-
-def uv_version(uv: str) -> str:
-    """The version of the uv binary ``uv`` ("0.13.9"), from ``uv --version``."""
-    try:
-        done = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"cannot run uv ({uv}): {exc}", hint="pip install uv") from exc
-    words = done.stdout.split()
-    if done.returncode != 0 or len(words) < 2 or words[0] != "uv" \
-            or not re.fullmatch(r"[0-9]+(?:\.[0-9]+)*", words[1], re.ASCII):
-        raise UsageError(f"{uv} --version did not name a uv version ({done.stdout.strip()[:80]!r})",
-                         hint="pip install uv")
-    return words[1]
-
-
-def find_uv(explicit: str | None) -> str:
-    """The uv binary: ``explicit`` if given (it must exist), else the ``uv`` package's."""
-    hint = "pip install uv (envbuild resolves the closure with it)"
-    if explicit is not None:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise UsageError(f"uv not found at {explicit}", hint=hint)
-        return explicit
-    try:
-        from uv import find_uv_bin
-    except ModuleNotFoundError as exc:
-        raise UsageError("uv is not installed", hint=hint) from exc
-    try:
-        return str(find_uv_bin())
-    except FileNotFoundError as exc:
-        raise UsageError("the uv package is installed but its binary is missing", hint=hint) from exc
 
 
 def uv_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -332,8 +310,9 @@ class _Uv:
     deadline: float
     live: _Live = field(default_factory=_Live, compare=False)
 
-    def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> None:
-        _run(command, cwd, self.env, self.deadline, self.spec, started, self.live)
+    def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> str:
+        """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``)."""
+        return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live)
 
     def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None,
                 annotate: bool = False) -> list[str]:
@@ -368,9 +347,11 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             run.live:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
-        # The survey's run (sdists allowed, no kept pin) needs nothing of the closure's: it
-        # runs beside it (from SURVEY_DELAY s after its start), on a core the closure's leaves.
-        survey = None if spec.all_sdists else side.submit(_survey_run, run, work)
+        # The survey's run (sdists allowed, no kept pin) needs nothing of the closure's: where
+        # the closure's run will not have read what the survey needs (_survey_beside), it runs
+        # beside it (from SURVEY_DELAY s after its start); else after it, from uv's cache.
+        survey = side.submit(_survey_run, run, work) if not spec.all_sdists and _survey_beside(spec) \
+            else None
         if pages is not None:
             pages.prefetch(_known_names(spec))
         # The installer's small lock first asks uv's cache alone, beside the closure's run; a
@@ -381,8 +362,17 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             text = _closure_run(run, work, started)
         except NoCompatibleStack as exc:
             raise _every_sdist_only(run, work, exc, survey) from None
+        # The survey from uv's cache starts at once; it needs the closure's names only at its end.
+        locked: Future[frozenset[str]] = Future()
+        if not spec.all_sdists and survey is None:
+            survey = side.submit(_survey_after, run, work, locked)
+        try:
+            pylock = read_pylock(text)
+        except BaseException:
+            locked.set_exception(_Cancelled())
+            raise
+        locked.set_result(frozenset(pylock.versions()))
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
-        pylock = read_pylock(text)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
@@ -395,8 +385,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         layer = _torch_layer(run, pylock.versions(), work)
         wheel = None if installer is None else installer.result()
         sdists, held, notes = _sdists_and_held_back(run, work, pylock, survey)
-    return Closure(pylock_text=text, packages=pylock.versions(), torch_layer=layer, installer=wheel,
-                   sdists=sdists, held_back=held, notes=notes)
+    return Closure(pylock_text=text, pylock=pylock, packages=pylock.versions(), torch_layer=layer,
+                   installer=wheel, sdists=sdists, held_back=held, notes=notes)
 
 
 def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[Pylock] | None
@@ -472,7 +462,7 @@ def _survey_run(run: _Uv, work: Path) -> Pylock:
     """uv's closure of the same project with sdists allowed (no previous pin kept). It asks
     the index (unless the lock is offline): asked of uv's cache alone, uv passes over a newer
     sdist whose metadata the cache lacks and answers with the older release, silently
-    (measured: rouge-score 0.0.4, not 0.1.2)."""
+    (measured: rouge-score 0.0.4, not 0.1.2); :func:`_survey_after` knows when it did not."""
     survey = work / "survey"
     survey.mkdir(exist_ok=True)
     (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
@@ -481,20 +471,88 @@ def _survey_run(run: _Uv, work: Path) -> Pylock:
     # had one of them wait 5 s for a resolver that dropped a reply under the burst (7 pairs in
     # 16 here; started SURVEY_DELAY s apart, 0 in 16; one after the other, 3 in 16).
     run.live.after_closure_started(0.0 if run.spec.offline else SURVEY_DELAY)
-    run.run(run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)), survey)
-    return read_pylock((survey / OUTPUT).read_text(encoding="utf-8"))
+    command = run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)) + _held_to(run.spec, survey)
+    run.run(command, survey)
+    return read_pylock((survey / OUTPUT).read_text(encoding="utf-8"), reference=False)
+
+
+def _survey_beside(spec: ClosureSpec) -> bool:
+    """Whether the survey runs beside the closure's run (else after it, :func:`_survey_after`):
+    offline (both ask the cache alone), or where the lock keeps previous pins, so that the
+    closure's run reads none of the newer releases the survey takes and uv's cache cannot answer
+    for them."""
+    return spec.offline or bool(_kept_pins(spec))
+
+
+def _survey_after(run: _Uv, work: Path, locked: Future[frozenset[str]]) -> Pylock:
+    """The survey, after the closure's run has read the index: first from uv's cache alone,
+    which that run has just brought up to date; where :func:`answered_by_cache` cannot tell
+    that the cache's answer is the index's, asked of the index. ``locked``: the names the
+    closure's run locked, once its pylock is read."""
+    try:
+        found = _survey_from_cache(run, work, locked)
+    except TooSlow:
+        raise
+    except EnvbuildError:
+        found = None  # the cache could not answer at all: asked of the index below
+    return _survey_run(run, work) if found is None else found
+
+
+def _survey_from_cache(run: _Uv, work: Path, locked: Future[frozenset[str]]) -> Pylock | None:
+    """The survey's run made ``--offline -v``: its answer where its log shows it is the index's."""
+    cached = work / "survey-cached"
+    cached.mkdir()
+    (cached / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    spec = replace(_survey_spec(run.spec), offline=True)
+    command = [c for c in run.command(OUTPUT, hashes=True, spec=spec) if c != "--quiet"]  # no -q with -v
+    log = run.run([*command, *_held_to(run.spec, cached), "-v"], cached)
+    found = read_pylock((cached / OUTPUT).read_text(encoding="utf-8"), reference=False)
+    return found if answered_by_cache(log, found, locked.result()) else None
+
+
+_LOG_SEARCHED = re.compile(r"DEBUG Searching for a compatible version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
+_LOG_RESOLVED = re.compile(r"Resolved [0-9]+ packages? in ")
+
+
+def answered_by_cache(log: str, answer: Pylock, locked: frozenset[str]) -> bool:
+    """Whether an ``--offline -v`` run of uv, whose ``-v`` log is ``log``, answered ``answer``
+    as the same run online would have, ``locked`` being the names the closure's run has just
+    locked, reading their index pages as it did.
+
+    uv decides a package with the versions its index page lists and the metadata of the release
+    it tries. Offline it reads both from its cache, and a release whose metadata the cache lacks
+    it passes over, logging that it tried to fetch it (``Sending … request``, then ``WARN …
+    needs to be downloaded from a registry``). So the answer is the online one where the log
+    has no line but uv's DEBUG ones and its summary, none of them a request, and every package
+    it searched a version of (``Searching for a compatible version of NAME``) is one the
+    closure's run locked, whose page it read from the index moments ago. Every package of the
+    answer must be among those searched: a log that does not name them (another uv's wording)
+    proves nothing, and the survey then asks the index."""
+    searched: set[str] = set()
+    for line in log.splitlines():
+        if not line.strip() or _LOG_RESOLVED.match(line):
+            continue
+        if not line.startswith("DEBUG ") or "Sending " in line:
+            return False
+        match = _LOG_SEARCHED.match(line)
+        if match is not None:
+            searched.add(canonicalize_name(match.group(1)))
+    answered = {p.name for p in answer.packages}
+    return bool(answered) and answered <= searched <= locked
 
 
 def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The survey's annotated requirements (who requires whom): a second run, held to the
     survey's versions, that asks uv's cache first."""
-    survey, spec = work / "survey", _survey_spec(run.spec)
-    (survey / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
-                                     encoding="utf-8")
+    via, spec = work / "survey-via", _survey_spec(run.spec)
+    via.mkdir(exist_ok=True)
+    (via / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    (via / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
+                                  encoding="utf-8")
     command = [*run.command("via.txt", hashes=False, spec=replace(spec, offline=True), annotate=True),
                "--constraints", "held.txt"]
-    _cache_first(run, survey, spec, command)
-    return sourceonly.parse_annotated((survey / "via.txt").read_text(encoding="utf-8"), PROJECT_NAME)
+    _cache_first(run, via, spec, command)
+    return sourceonly.parse_annotated((via / "via.txt").read_text(encoding="utf-8"), PROJECT_NAME)
 
 
 def _cache_first(run: _Uv, cwd: Path, spec: ClosureSpec, command: list[str]) -> None:
@@ -540,11 +598,7 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
-    command = run.command(OUTPUT, hashes=True) + _cutoff_options(spec)
-    if spec.constraints:
-        lines = _checked(spec.constraints, "constraint")
-        (work / USER_CONSTRAINTS).write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
-        command += ["--constraints", USER_CONSTRAINTS]
+    command = run.command(OUTPUT, hashes=True) + _held_to(spec, work)
     if spec.upgrade:
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
@@ -559,6 +613,18 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
     finally:
         run.live.closure_ended.set()
     return (work / OUTPUT).read_text(encoding="utf-8")
+
+
+def _held_to(spec: ClosureSpec, cwd: Path) -> list[str]:
+    """uv's options for what the project holds every package to besides its requirements: the
+    cut-off and the lines of its -c constraints files (written to ``cwd``). The closure's run
+    and the survey's both take them: a release they exclude is no release held back."""
+    options = _cutoff_options(spec)
+    if spec.constraints:
+        lines = _checked(spec.constraints, "constraint")
+        (cwd / USER_CONSTRAINTS).write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
+        options += ["--constraints", USER_CONSTRAINTS]
+    return options
 
 
 def _cutoff_options(spec: ClosureSpec) -> list[str]:
@@ -697,9 +763,9 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
-         started: Callable[[], None] | None = None, live: _Live | None = None) -> None:
-    """One uv run within the deadline; ``started`` is called once uv is running. ``live``: the
-    lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled)."""
+         started: Callable[[], None] | None = None, live: _Live | None = None) -> str:
+    """One uv run within the deadline, its stderr; ``started`` is called once uv is running.
+    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled)."""
     left = deadline - time.monotonic()
     if live is not None and live.cancelled:
         raise _Cancelled
@@ -732,6 +798,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
         raise _Cancelled
     if process.returncode != 0:
         raise uv_failure(stderr, spec)
+    return stderr
 
 
 class TooSlow(DataError):
