@@ -53,11 +53,31 @@ def test_the_torch_layer_comes_from_the_cache_the_closure_filled(index: Index, u
     assert closure.torch_layer == frozenset({"torch", "filelock", "sympy", "mpmath"})
     assert closure.held_back == () and closure.notes == ()
     online = [r for r in runs(log) if "compile" in r and "--offline" not in r]
-    layer = [r for r in runs(log) if "--constraints" in r]
     survey = [r for r in runs(log) if "compile" in r and "--only-binary" not in r]
     assert len(online) == 1 and "--only-binary" in online[0] and "--generate-hashes" in online[0]
     assert len(survey) == 1 and "--offline" in survey[0] and "-v" in survey[0]
-    assert len(layer) == 1 and "--offline" in layer[0]
+    assert all("--offline" in r for r in runs(log) if "layer.txt" in r)  # the torch layer's runs
+
+
+def test_the_torch_layer_answered_beside_the_closures_run_is_taken_where_it_holds_its_versions(
+        index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Locked twice on one uv cache: the second time the pins' closure, answered from that
+    cache beside the closure's run, holds exactly the closure's versions, so it is the layer
+    and no run after the closure's makes it. Where the closure holds a torch dependency at
+    another version (filelock==3.0.0; the cache's answer says 3.1.0), the early answer is not
+    taken and the layer's run held to the closure's versions makes it."""
+    env = {**uv_env, "ENVBUILD_NO_CACHE": "1"}
+    compile_closure(spec(index, env))  # fills uv's cache
+    uv, log = recording_uv(tmp_path)
+    again = compile_closure(spec(index, env, uv=uv))
+    assert again.torch_layer == frozenset({"torch", "filelock", "sympy", "mpmath"})
+    assert [r for r in runs(log) if "layer.txt" in r and "--constraints" not in r]  # the early run
+    assert not [r for r in runs(log) if "--constraints" in r and "constraints.txt" in r]  # none held
+    log.unlink()
+    older = compile_closure(spec(index, env, uv=uv, dependencies=("requests", "filelock==3.0.0")))
+    assert older.packages["filelock"] == "3.0.0"
+    assert older.torch_layer == frozenset({"torch", "filelock", "sympy", "mpmath"})
+    assert [r for r in runs(log) if "--constraints" in r and "constraints.txt" in r]  # held to 3.0.0
 
 
 def test_the_torch_layer_without_a_uv_cache(index: Index, uv_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
@@ -66,7 +86,7 @@ def test_the_torch_layer_without_a_uv_cache(index: Index, uv_env: dict[str, str]
     closure = compile_closure(spec(index, {**uv_env, "UV_NO_CACHE": "1", "ENVBUILD_NO_CACHE": "1"}, uv=uv))
     assert closure.torch_layer == frozenset({"torch", "filelock", "sympy", "mpmath"})
     assert closure.packages["requests"] == "2.0.0"
-    layer = [r for r in runs(log) if "--constraints" in r]
+    layer = [r for r in runs(log) if "--constraints" in r and "constraints.txt" in r]
     assert ["--offline" in r for r in layer] == [True, False]
 
 

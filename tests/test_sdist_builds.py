@@ -28,7 +28,8 @@ from envbuild.extensions import record as rec
 from envbuild.extensions import sdists
 from envbuild.project.config import project_from_text
 from envbuild.pylock.files import read_pylock
-from envbuild.pylock.uv import ClosureSpec, compile_closure, uv_failure
+from envbuild.pylock.uv import ClosureSpec, compile_closure
+from envbuild.pylock.uvfailure import uv_failure
 from envbuild.render import lock as lockmod
 from envbuild.render import lockset
 

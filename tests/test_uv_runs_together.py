@@ -21,8 +21,14 @@ from test_sdist_builds import empty_index  # noqa: F401 (fixture)
 from test_sdist_survey import links, sdist, spec, uv_env, wheel  # noqa: F401 (fixtures)
 
 from envbuild.errors import DataError
-from envbuild.pylock.files import Pylock, read_pylock
-from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, answered_by_cache, compile_closure, find_uv
+from envbuild.pylock.uv import (
+    SURVEY_DELAY,
+    ClosureSpec,
+    answered_by_cache,
+    compile_closure,
+    find_uv,
+    pinned_versions,
+)
 
 
 def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:
@@ -76,7 +82,8 @@ def runs_of(log: Path) -> tuple[tuple[float, float], list[tuple[float, float, st
     [closure] = [(float(a), float(b), rc) for a, b, rc, args in runs
                  if "--only-binary" in args and "--offline" not in args]
     surveys = [(float(a), float(b), "cache" if "--offline" in args else "index", rc)
-               for a, b, rc, args in runs if "--only-binary" not in args and "--generate-hashes" in args]
+               for a, b, rc, args in runs if "--only-binary" not in args
+               and ("--generate-hashes" in args or "versions.txt" in args)]
     assert closure[2] == "0" and all(rc == "0" for *_, rc in surveys), runs
     return closure[:2], [survey[:3] for survey in surveys]
 
@@ -145,11 +152,12 @@ def test_a_fresh_lock_whose_survey_the_cache_cannot_answer_asks_the_index(
     assert [kind for _, _, kind in surveys] == ["cache", "index"]
     assert surveys[0][0] >= closure[1] and surveys[1][0] >= surveys[0][1]
     # locked again: the survey's online run has put held 0.2's metadata in uv's cache, so the
-    # cache's answer is the index's now and no run asks the index but the closure's
+    # cache's answer is the index's now and no run asks the index but the closure's: the
+    # versions first, then (they differ from the closure's) the pylock, both from the cache
     log.unlink()
     again = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=uv))
     assert again.held_back == got.held_back
-    assert [kind for _, _, kind in runs_of(log)[1]] == ["cache"]
+    assert [kind for _, _, kind in runs_of(log)[1]] == ["cache", "cache"]
 
 
 def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
@@ -216,15 +224,6 @@ def test_ctrl_c_kills_both_runs(tmp_path: Path) -> None:
     assert gone(tmp_path / "closure.pid") and gone(tmp_path / "survey.pid")
 
 
-def answer(*names: str) -> Pylock:
-    """A survey's answer holding ``names`` (a wheel each)."""
-    packages = "".join(
-        f'[[packages]]\nname = "{n}"\nversion = "1.0"\nwheels = [{{ url = '
-        f'"https://files.example/{n}-1.0-py3-none-any.whl", hashes = {{ sha256 = "{"a" * 64}" }} }}]\n'
-        for n in names)
-    return read_pylock('lock-version = "1.0"\ncreated-by = "uv"\n' + (packages or "packages = []\n"))
-
-
 CACHED_LOG = """\
 DEBUG uv 0.13.9 (x86_64-unknown-linux-gnu)
 DEBUG Adding direct dependency: keep*
@@ -239,7 +238,8 @@ Resolved 2 packages in 7ms
 
 
 def test_a_cache_run_that_searched_only_the_closures_names_and_fetched_nothing_is_the_index_answer() -> None:
-    assert answered_by_cache(CACHED_LOG, answer("keep", "six"), frozenset({"keep", "six", "cuda-toolkit"}))
+    locked = frozenset({"keep", "six", "cuda-toolkit"})
+    assert answered_by_cache(CACHED_LOG, frozenset({"keep", "six"}), locked)
 
 
 @pytest.mark.parametrize(("log", "locked", "why"), [
@@ -255,8 +255,16 @@ def test_a_cache_run_that_searched_only_the_closures_names_and_fetched_nothing_i
     ("", {"keep", "six"}, "an empty log proves nothing"),
 ])
 def test_a_cache_run_is_not_taken_for_the_index_answer(log: str, locked: set[str], why: str) -> None:
-    assert not answered_by_cache(log, answer("keep", "six"), frozenset(locked)), why
+    assert not answered_by_cache(log, frozenset({"keep", "six"}), frozenset(locked)), why
 
 
 def test_an_empty_answer_proves_nothing() -> None:
-    assert not answered_by_cache("DEBUG Solving\n", answer(), frozenset({"keep"}))
+    assert not answered_by_cache("DEBUG Solving\n", frozenset(), frozenset({"keep"}))
+
+
+def test_uvs_requirements_output_is_read_as_versions_and_anything_else_is_not_judged() -> None:
+    assert pinned_versions("# a comment\nKeep_It==2.0\ntorch==2.13.0+cpu\n\n") == {
+        "keep-it": "2.0", "torch": "2.13.0+cpu"}
+    for line in ("six @ https://files.example/six-1.0-py3-none-any.whl", "six==1.0 ; sys_platform == 'linux'",
+                 "-e ./here", "six>=1.0"):
+        assert pinned_versions(f"keep==2.0\n{line}\n") is None, line

@@ -142,3 +142,54 @@ def names_hint(found: list[SdistOnly], listed: tuple[str, ...] = ()) -> str:
     return (f"to build them from their sdists (against the locked torch), add build-sdists = true (every "
             f"package only an sdist provides) or build-sdists = [{names}] to the project "
             "(docs/extensions.md)")
+
+
+# --- the survey from uv's cache (envbuild/pylock/uv.py's _survey_after) -------------------
+
+
+_PINNED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
+
+
+def pinned_versions(text: str) -> dict[str, str] | None:
+    """{canonical name: version} of uv's requirements.txt output without annotations; None
+    where a line is not ``NAME==VERSION`` (a URL, a marker): such an answer is not judged here."""
+    versions: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _PINNED.fullmatch(line)
+        if match is None:
+            return None
+        versions[canonicalize_name(match[1])] = match[2]
+    return versions
+
+
+_LOG_SEARCHED = re.compile(r"DEBUG Searching for a compatible version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
+_LOG_RESOLVED = re.compile(r"Resolved [0-9]+ packages? in ")
+
+
+def answered_by_cache(log: str, answer: frozenset[str], locked: frozenset[str]) -> bool:
+    """Whether an ``--offline -v`` run of uv, whose ``-v`` log is ``log``, answered ``answer``
+    as the same run online would have, ``locked`` being the names the closure's run has just
+    locked, reading their index pages as it did.
+
+    uv decides a package with the versions its index page lists and the metadata of the release
+    it tries. Offline it reads both from its cache, and a release whose metadata the cache lacks
+    it passes over, logging that it tried to fetch it (``Sending … request``, then ``WARN …
+    needs to be downloaded from a registry``). So the answer is the online one where the log
+    has no line but uv's DEBUG ones and its summary, none of them a request, and every package
+    it searched a version of (``Searching for a compatible version of NAME``) is one the
+    closure's run locked, whose page it read from the index moments ago. Every package of the
+    answer must be among those searched: a log that does not name them (another uv's wording)
+    proves nothing, and the survey then asks the index."""
+    searched: set[str] = set()
+    for line in log.splitlines():
+        if not line.strip() or _LOG_RESOLVED.match(line):
+            continue
+        if not line.startswith("DEBUG ") or "Sending " in line:
+            return False
+        match = _LOG_SEARCHED.match(line)
+        if match is not None:
+            searched.add(canonicalize_name(match.group(1)))
+    return bool(answer) and answer <= searched <= locked

@@ -19,11 +19,14 @@ answer) keep a stray uv.toml or shell setting out: the same inputs give the same
 ``offline``: uv answers from its cache alone, and the check that the index gave every file's
 sha256 (:mod:`envbuild.pylock.hashes`) is skipped: it was made when the cache was filled.
 
-A second, hash-free run of the pinned packages alone, constrained to the first result, names
-the torch layer: the packages the image installs before the user's. It answers from the
-cache the first run has just brought up to date (``--offline``), and asks the index only
-where that cache cannot answer. The installer's own lock (``uv==VERSION``, an exact version
-whose files do not change) is asked of uv's cache alone beside the first run; where the cache
+A second, hash-free run of the pinned packages alone names the torch layer: the packages the
+image installs before the user's, at the first run's versions. It first runs from uv's cache
+beside the first run, held to nothing, and is taken where every package of its answer is at
+the first run's version (the pins' closure at fixed versions is one set); else it runs again
+constrained to the first result, from the cache the first run has just brought up to date
+(``--offline``), and asks the index only where that cache cannot answer. The installer's own
+lock (``uv==VERSION``, an exact version whose files do not change) is asked of uv's cache alone
+beside the first run; where the cache
 cannot answer it runs online beside that second run and the hash check. Either way its sha256
 is checked against the index; the index pages of the names known in advance are fetched
 meanwhile.
@@ -32,9 +35,11 @@ The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdist
 and held to the same cut-off and constraints, needs nothing of the first run's answer, and is
 compared with it afterwards. A fresh lock surveys after the first run, from uv's cache alone,
 which that run has just brought up to date (about 60 ms instead of a second round of the
-index's pages); it takes that answer only where uv's ``-v`` log shows it is the index's
-(:func:`answered_by_cache`: no release passed over for want of its metadata, no package whose
-page the first run did not read), else asks the index. A lock that keeps previous pins (the
+index's pages), prepared beside the first run and started at its end; it takes that answer
+only where uv's ``-v`` log shows it is the index's (:func:`answered_by_cache`: no release
+passed over for want of its metadata, no package whose page the first run did not read), else
+asks the index. Its versions alone are read where they are the first run's (nothing held back,
+the common case); else its pylock. A lock that keeps previous pins (the
 first run then reads none of the newer releases the survey takes) or is offline surveys beside
 the first run, in its own directory, from SURVEY_DELAY s after its start (two runs opening
 their connections at once made a burst of name look-ups that a resolver answered 5 s late).
@@ -81,14 +86,15 @@ from envbuild.pylock.direct import (
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
-from envbuild.pylock.sourceonly import HeldBack
+from envbuild.pylock.sourceonly import HeldBack, answered_by_cache, pinned_versions
 from envbuild.pylock.sources import archives, check_source
+from envbuild.pylock.spec import ClosureSpec as ClosureSpec  # re-exported: callers import it from here
 from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
 from envbuild.pylock.uvbin import uv_version as uv_version
-from envbuild.redact import redact, server_text
+from envbuild.pylock.uvfailure import NO_WHEELS, PROJECT_NAME, uv_failure
+from envbuild.redact import redact
 from envbuild.upstream import pipconfig
 
-PROJECT_NAME = "envbuild-closure"
 TORCH_INDEX_NAME = "envbuild-torch"
 OUTPUT = "pylock.toml"  # uv insists on pylock.toml or pylock.NAME.toml
 # The UV_* variables passed through to uv: where its cache lives, how it reaches the network,
@@ -97,45 +103,6 @@ OUTPUT = "pylock.toml"  # uv insists on pylock.toml or pylock.NAME.toml
 UV_KEEP = ("UV_CACHE_DIR", "UV_NO_CACHE", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS",
            "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_KEYRING_PROVIDER", "UV_INSECURE_HOST")
 _UV_CREDENTIAL = re.compile(r"UV_INDEX_[A-Z0-9_]+_(USERNAME|PASSWORD)")
-
-
-@dataclass(frozen=True)
-class ClosureSpec:
-    """What to lock. ``torch_pins``: {name: exact version} the stack fixes (torch and its
-    companions), taken only from ``torch_index`` (None: the default index and find-links);
-    ``dependencies``: the user's PEP 508 requirements; ``torch_constraints``: the user's own
-    torch requirements (``torch<2``), passed to uv so that a clash is reported, not hidden;
-    ``python``: "3.11"; ``glibc``: the image's, "2.35"; ``default_index``: None = pip's;
-    ``previous``: the existing pylock text, whose pins uv keeps unless ``upgrade`` or the
-    package is in ``upgrade_packages``; ``uv``: the uv binary (None: the ``uv`` package's)."""
-
-    torch_pins: Mapping[str, str]
-    python: str
-    glibc: str
-    torch_index: str | None = None
-    dependencies: tuple[str, ...] = ()
-    torch_constraints: tuple[str, ...] = ()
-    default_index: str | None = None
-    find_links: tuple[str, ...] = ()
-    previous: str | None = None
-    upgrade: bool = False
-    upgrade_packages: tuple[str, ...] = ()
-    offline: bool = False
-    uv: str | None = None
-    installer: str | None = None  # a uv version to pin as the build's installer; None: pip installs
-    # Packages taken from their sdist (--no-binary NAME), to be built in the image's build stage.
-    no_binary: tuple[str, ...] = ()
-    # The project's -c constraints files' lines: uv's --constraints for the closure's run.
-    constraints: tuple[str, ...] = ()
-    arch: str = "x86_64"  # the target's CPU: aarch64 for a linux/arm64 target (its own pylock)
-    # The cut-off (exclude-newer), an RFC 3339 UTC instant: no file uploaded after it
-    # (envbuild/pylock/cutoff.py). None: none.
-    exclude_newer: str | None = None
-    # build-sdists = true: wheels where the chosen release has one for the platform, its sdist
-    # where it has none (no --only-binary :all:); those packages are the closure's ``sdists``.
-    all_sdists: bool = False
-    timeout: float = 300.0
-    env: Mapping[str, str] | None = field(default=None, compare=False)  # None: os.environ
 
 
 @dataclass(frozen=True)
@@ -343,35 +310,37 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
     # interrupted, so that the pool's threads end at once and the directory can be removed.
     with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp, \
-            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=2) as side, \
+            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=3) as side, \
             run.live:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
         # The survey's run (sdists allowed, no kept pin) needs nothing of the closure's: where
         # the closure's run will not have read what the survey needs (_survey_beside), it runs
-        # beside it (from SURVEY_DELAY s after its start); else after it, from uv's cache.
-        survey = side.submit(_survey_run, run, work) if not spec.all_sdists and _survey_beside(spec) \
-            else None
+        # beside it (from SURVEY_DELAY s after its start); else from uv's cache the moment the
+        # closure's run ends, its answer judged once ``locked`` (the closure's names) is known.
+        locked: Future[dict[str, str]] = Future()
+        survey: Future[Pylock | None] | None = None
+        if not spec.all_sdists:
+            survey = side.submit(_survey_run, run, work) if _survey_beside(spec) \
+                else side.submit(_survey_after, run, work, locked)
         if pages is not None:
             pages.prefetch(_known_names(spec))
         # The installer's small lock first asks uv's cache alone, beside the closure's run; a
         # cache that cannot answer, and an offline lock, make it after the closure's run.
         cached = None if spec.installer is None or spec.offline else \
             side.submit(_installer_run, run, work / "installer-cached", offline=True)
+        # The torch layer from uv's cache, beside the closure's run (a core it leaves idle)
+        early = None if spec.offline or not spec.torch_pins else side.submit(_early_layer, run, work)
         try:
             text = _closure_run(run, work, started)
-        except NoCompatibleStack as exc:
-            raise _every_sdist_only(run, work, exc, survey) from None
-        # The survey from uv's cache starts at once; it needs the closure's names only at its end.
-        locked: Future[frozenset[str]] = Future()
-        if not spec.all_sdists and survey is None:
-            survey = side.submit(_survey_after, run, work, locked)
-        try:
             pylock = read_pylock(text)
+        except NoCompatibleStack as exc:
+            locked.set_result({})  # no closure: the cache's answer is never taken
+            raise _every_sdist_only(run, work, exc, survey) from None
         except BaseException:
             locked.set_exception(_Cancelled())
             raise
-        locked.set_result(frozenset(pylock.versions()))
+        locked.set_result(pylock.versions())
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
@@ -382,19 +351,20 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                                  lambda url: served_sha256(url, env))
             pages.check(pylock)
         _check_pins_cutoff(spec, pylock)
-        layer = _torch_layer(run, pylock.versions(), work)
+        layer = _torch_layer(run, pylock.versions(), work, early)
         wheel = None if installer is None else installer.result()
         sdists, held, notes = _sdists_and_held_back(run, work, pylock, survey)
     return Closure(pylock_text=text, pylock=pylock, packages=pylock.versions(), torch_layer=layer,
                    installer=wheel, sdists=sdists, held_back=held, notes=notes)
 
 
-def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[Pylock] | None
+def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[Pylock | None] | None
                           ) -> tuple[tuple[str, ...], tuple[HeldBack, ...], tuple[str, ...]]:
     """(the packages locked by their sdist alone, the packages held back, notes). With
     ``all_sdists`` uv already took the newest release of everything, an sdist where there is
-    no wheel: nothing is held back. Otherwise the survey (sdists allowed, ``survey``: its run)
-    says what wheels-only resolution held back; a survey that fails is a note, never a failed lock."""
+    no wheel: nothing is held back. Otherwise the survey (sdists allowed, ``survey``: its run;
+    None where it answered the closure's own versions) says what wheels-only resolution held
+    back; a survey that fails is a note, never a failed lock."""
     spec = run.spec
     if spec.all_sdists or survey is None:
         return tuple(s.name for s in sourceonly.sdist_only(pylock, {})), (), ()
@@ -406,6 +376,8 @@ def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[P
     kept = _kept_pins(spec)
     try:
         found = survey.result()
+        if found is None:
+            return spec.no_binary, (), ()
         # who requires whom, only where something was held back: a second run, from uv's cache
         annotated = _annotated(run, work, found) if sourceonly.held_back(versions, found, {}, kept) else {}
     except TooSlow:
@@ -432,14 +404,16 @@ def _shortened(text: str, limit: int = 240) -> str:
 
 
 def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack,
-                      survey_run: Future[Pylock] | None) -> EnvbuildError:
+                      survey_run: Future[Pylock | None] | None) -> EnvbuildError:
     """A wheels-only run that stopped at a package with no usable wheel (uv names one per run):
     every package only an sdist provides, each with where it comes from, from one survey
     (``survey_run``: its run, started beside the closure's)."""
-    if not _NO_WHEELS.search(failure.message):
+    if not NO_WHEELS.search(failure.message):
         return failure
     try:
-        survey = _survey_run(run, work) if survey_run is None else survey_run.result()
+        survey = None if survey_run is None else survey_run.result()
+        if survey is None:  # (never the closure's own answer here: it has none)
+            survey = _survey_run(run, work)
         annotated = _annotated(run, work, survey)
     except EnvbuildError:
         return failure
@@ -484,61 +458,42 @@ def _survey_beside(spec: ClosureSpec) -> bool:
     return spec.offline or bool(_kept_pins(spec))
 
 
-def _survey_after(run: _Uv, work: Path, locked: Future[frozenset[str]]) -> Pylock:
-    """The survey, after the closure's run has read the index: first from uv's cache alone,
-    which that run has just brought up to date; where :func:`answered_by_cache` cannot tell
-    that the cache's answer is the index's, asked of the index. ``locked``: the names the
-    closure's run locked, once its pylock is read."""
+def _survey_after(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> Pylock | None:
+    """The survey, after the closure's run has read the index: from uv's cache alone, which
+    that run has just brought up to date, wherever :func:`answered_by_cache` shows that answer
+    is the index's; else asked of the index. None where it answered the closure's own versions
+    (nothing held back: the common case, read without a pylock); else the survey's pylock.
+    ``locked``: the closure's versions, once its pylock is read (none where it failed)."""
     try:
-        found = _survey_from_cache(run, work, locked)
+        log, text = _survey_from_cache(run, work / "survey-versions", pylock=False)
+        versions = pinned_versions(text)
+        closure = locked.result()
+        if versions is not None and answered_by_cache(log, frozenset(versions), frozenset(closure)):
+            if versions == closure:
+                return None
+            log, text = _survey_from_cache(run, work / "survey-cached", pylock=True)
+            found = read_pylock(text, reference=False)
+            if answered_by_cache(log, frozenset(found.versions()), frozenset(closure)):
+                return found
     except TooSlow:
         raise
     except EnvbuildError:
-        found = None  # the cache could not answer at all: asked of the index below
-    return _survey_run(run, work) if found is None else found
+        pass  # the cache could not answer at all: asked of the index below
+    return _survey_run(run, work)
 
 
-def _survey_from_cache(run: _Uv, work: Path, locked: Future[frozenset[str]]) -> Pylock | None:
-    """The survey's run made ``--offline -v``: its answer where its log shows it is the index's."""
-    cached = work / "survey-cached"
-    cached.mkdir()
-    (cached / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+def _survey_from_cache(run: _Uv, cwd: Path, *, pylock: bool) -> tuple[str, str]:
+    """(uv's -v log, its output) of the survey's run made ``--offline -v`` in ``cwd``: a
+    pylock with ``pylock``, else its versions alone (requirements.txt: no hashes to read)."""
+    cwd.mkdir()
+    (cwd / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
     spec = replace(_survey_spec(run.spec), offline=True)
-    command = [c for c in run.command(OUTPUT, hashes=True, spec=spec) if c != "--quiet"]  # no -q with -v
-    log = run.run([*command, *_held_to(run.spec, cached), "-v"], cached)
-    found = read_pylock((cached / OUTPUT).read_text(encoding="utf-8"), reference=False)
-    return found if answered_by_cache(log, found, locked.result()) else None
-
-
-_LOG_SEARCHED = re.compile(r"DEBUG Searching for a compatible version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
-_LOG_RESOLVED = re.compile(r"Resolved [0-9]+ packages? in ")
-
-
-def answered_by_cache(log: str, answer: Pylock, locked: frozenset[str]) -> bool:
-    """Whether an ``--offline -v`` run of uv, whose ``-v`` log is ``log``, answered ``answer``
-    as the same run online would have, ``locked`` being the names the closure's run has just
-    locked, reading their index pages as it did.
-
-    uv decides a package with the versions its index page lists and the metadata of the release
-    it tries. Offline it reads both from its cache, and a release whose metadata the cache lacks
-    it passes over, logging that it tried to fetch it (``Sending … request``, then ``WARN …
-    needs to be downloaded from a registry``). So the answer is the online one where the log
-    has no line but uv's DEBUG ones and its summary, none of them a request, and every package
-    it searched a version of (``Searching for a compatible version of NAME``) is one the
-    closure's run locked, whose page it read from the index moments ago. Every package of the
-    answer must be among those searched: a log that does not name them (another uv's wording)
-    proves nothing, and the survey then asks the index."""
-    searched: set[str] = set()
-    for line in log.splitlines():
-        if not line.strip() or _LOG_RESOLVED.match(line):
-            continue
-        if not line.startswith("DEBUG ") or "Sending " in line:
-            return False
-        match = _LOG_SEARCHED.match(line)
-        if match is not None:
-            searched.add(canonicalize_name(match.group(1)))
-    answered = {p.name for p in answer.packages}
-    return bool(answered) and answered <= searched <= locked
+    output = OUTPUT if pylock else "versions.txt"
+    command = [c for c in run.command(output, hashes=pylock, spec=spec) if c != "--quiet"]  # no -q with -v
+    command += [*_held_to(run.spec, cwd), "-v"]
+    run.live.closure_ended.wait()  # prepared beside the closure's run, started at its end
+    log = run.run(command, cwd)
+    return log, (cwd / output).read_text(encoding="utf-8")
 
 
 def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -728,14 +683,28 @@ def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
     return index_of
 
 
-def _torch_layer(run: _Uv, versions: dict[str, str], work: Path) -> frozenset[str]:
+def _torch_layer(run: _Uv, versions: dict[str, str], work: Path,
+                 early: Future[dict[str, str] | None] | None = None) -> frozenset[str]:
     """The pinned packages and their own closure, every version held to ``versions``.
 
-    The closure's run has just brought uv's cache up to date for every one of these packages,
-    so uv answers from its cache (``--offline``: no second round of the index's pages); only
-    where the cache cannot answer (UV_NO_CACHE, a cache pruned meanwhile) it asks the index."""
+    ``early``: the pins' closure uv answered from its cache beside the closure's run, held to
+    nothing (:func:`_early_layer`). Where each of its packages is at the closure's version, it
+    is this layer: the pins' closure at fixed versions is one set (every package the
+    dependencies of those versions name, markers evaluated for the platform), which any
+    resolution holding those versions finds. Else the closure's run has just brought uv's cache
+    up to date for every one of these packages, so uv answers from its cache (``--offline``: no
+    second round of the index's pages); only where the cache cannot answer (UV_NO_CACHE, a cache
+    pruned meanwhile) it asks the index."""
     if not run.spec.torch_pins:
         return frozenset()
+    try:
+        guessed = None if early is None else early.result()
+    except TooSlow:
+        raise
+    except EnvbuildError:
+        guessed = None
+    if guessed and all(versions.get(name) == version for name, version in guessed.items()):
+        return frozenset(guessed)
     if not run.spec.offline:
         try:
             return frozenset(_layer_run(run, work / "cached", versions, offline=True))
@@ -744,6 +713,16 @@ def _torch_layer(run: _Uv, versions: dict[str, str], work: Path) -> frozenset[st
         except EnvbuildError:
             pass
     return frozenset(_layer_run(run, work / "layer", versions))
+
+
+def _early_layer(run: _Uv, work: Path) -> dict[str, str] | None:
+    """The pins' closure from uv's cache alone, held to nothing ({name: version}), run beside
+    the closure's run: judged by :func:`_torch_layer` against the closure's versions."""
+    early = work / "layer-early"
+    early.mkdir()
+    (early / "pyproject.toml").write_text(project_text(run.spec, pins_only=True), encoding="utf-8")
+    run.run(run.command("layer.txt", hashes=False, spec=replace(run.spec, offline=True)), early)
+    return pinned_versions((early / "layer.txt").read_text(encoding="utf-8"))
 
 
 def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = False) -> set[str]:
@@ -808,89 +787,3 @@ class TooSlow(DataError):
 def _too_slow(spec: ClosureSpec) -> DataError:
     return TooSlow(f"uv did not finish resolving the closure within {spec.timeout:g} s",
                      hint="the index may be slow or unreachable; retry, or raise the timeout")
-
-
-_NOISE = re.compile(r"^(hint|help|note):", re.IGNORECASE)
-# uv's words for an index that wants other credentials (its hint, or the HTTP error itself).
-_AUTH_REFUSED = re.compile(r"(?:lack of valid authentication credentials|status client error) "
-                           r"\((?P<status>40[13] [A-Za-z ]+)\)")
-_NAME = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)(?=[=<>!~ ,*]|$)")
-# uv: "Because mulext==0.1 has no usable wheels", "all versions of flash-attn have no usable wheels".
-_NO_WHEELS = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*?)(?:[=<>!~][^ ]*)? ha(?:s|ve) no usable wheels")
-
-
-def uv_failure(stderr: str, spec: ClosureSpec) -> EnvbuildError:
-    """The error for a failed uv run: a conflict (NoCompatibleStack naming both sides) or a
-    one-line DataError with uv's first error line and last cause."""
-    # uv's lines may repeat what a server said (a reason phrase): sanitised like any server text.
-    lines = [server_text(line, 2000) for line in stderr.splitlines() if line.strip()]
-    if spec.offline and any("not found in the cache" in line for line in lines):
-        missing = next(line for line in lines if "not found in the cache" in line)
-        return DataError(f"uv's cache cannot answer offline: {missing.removeprefix('cause:').strip()}",
-                         hint="--offline uses uv's cache only: lock once with the network to fill it")
-    refused = next((m for m in map(_AUTH_REFUSED.search, lines) if m is not None), None)
-    if refused is not None:  # uv reports a package it may not read as one that does not exist
-        return DataError(f"the index refused uv's credentials ({refused['status']}): authentication "
-                         "failed, so the closure was not resolved",
-                         hint="check the user name and password or token the index gets (the "
-                              "environment's PIP_INDEX_URL, netrc, a keyring); the lock records none")
-    if any("No solution found" in line for line in lines):
-        conflict = _conflict(lines, spec)
-        if spec.exclude_newer is not None and any("filtered by `exclude-newer`" in line for line in lines):
-            conflict.hint = (f"the cut-off exclude-newer {spec.exclude_newer} left these out: files "
-                             "uploaded after it, and files whose index gives no upload time; "
-                             "choose a later cut-off, or loosen the requirement")
-        return conflict
-    errors = [line for line in lines if line.startswith("error:")]
-    causes = [line for line in lines if line.startswith("cause:")]
-    head = errors[0].removeprefix("error:").strip() if errors else ""
-    tail = causes[-1].removeprefix("cause:").strip() if causes else ""
-    if not head and not tail:
-        meaningful = [line for line in lines if not _NOISE.match(line)]
-        head = meaningful[-1] if meaningful else "no message"
-    message = f"uv could not lock the closure: {head}" + (f": {tail}" if tail else "")
-    hint = f"check the network and the index URLs uv was given: {_indexes_named(spec)}"
-    if spec.offline:
-        hint = "--offline uses uv's cache only: lock once with the network to fill it"
-    return DataError(message, hint=hint)
-
-
-def _indexes_named(spec: ClosureSpec) -> str:
-    """The indexes a closure is resolved from, credentials masked, for an error that may be
-    theirs (which one uv could not reach, its message says when it says)."""
-    named = [f"{redact(spec.default_index)} (the project's dependencies)" if spec.default_index
-             else "pip's configured index (the project's dependencies)"]
-    if spec.torch_index and spec.torch_index != spec.default_index:
-        named.append(f"{redact(spec.torch_index)} (torch)")
-    return ", ".join(named)
-
-
-def _conflict(lines: list[str], spec: ClosureSpec) -> EnvbuildError:
-    """uv's "Because … and you require …" explanation, with the stack's pins and the user's
-    requirements it involves named on their own: NoCompatibleStack when a requirement of the
-    project is involved, DataError when only the stack's pins are (their index lacks them)."""
-    start = next(i for i, line in enumerate(lines) if "No solution found" in line)
-    story = " ".join(line.removeprefix("cause:").strip() for line in lines[start + 1:]
-                     if not _NOISE.match(line))
-    for phrase in (f"{PROJECT_NAME}==0 depends on", f"{PROJECT_NAME} depends on"):
-        story = story.replace(phrase, "the environment needs")
-    named = {canonicalize_name(m) for m in _NAME.findall(story)}
-    stack = [f"{canonicalize_name(n)}=={v} (the stack)" for n, v in sorted(spec.torch_pins.items())
-             if canonicalize_name(n) in named]
-    user = [f"{r} (the project)" for r in (*spec.torch_constraints, *spec.dependencies)
-            if canonicalize_name(Requirement(r).name) in named]
-    if not user and stack:
-        return DataError(
-            f"the stack's pins cannot be installed from their index: {'; '.join(stack)}: {story}",
-            hint="check the variant's index URL (torch_index) and refresh the data")
-    if stack:
-        head = f"the project's requirements conflict with the stack: {'; '.join([*stack, *user])}"
-    else:
-        head = f"the project's requirements cannot be satisfied: {'; '.join(user) or 'see below'}"
-    hint = "loosen the project's requirement or choose another stack (--torch, --driver)"
-    no_wheels = sorted({canonicalize_name(m) for m in _NO_WHEELS.findall(story)} - set(spec.no_binary))
-    if no_wheels:  # on the index as sdists only (flash-attn): build-sdists builds them
-        names = ", ".join(json.dumps(str(n)) for n in no_wheels[:3])
-        hint = (f"{no_wheels[0]} has no wheel for this platform: to build it from its sdist against the "
-                f"locked torch, add build-sdists = [{names}] to the project (docs/extensions.md)")
-    return NoCompatibleStack(f"{head}: {story}", conflicts=(*stack, *user), hint=hint)
