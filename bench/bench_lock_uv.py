@@ -7,8 +7,9 @@ the same index (pip's configured one, or ``--index-url``), share one warm uv cac
 a fresh output each run (no previous lock to keep pins from):
 
   envbuild   ``python -m envbuild lock --no-registry`` in the project's directory: the stack,
-             uv's locking run, the torch layer, the build's installer, the check of every
-             file's sha256 against the index's pages, the lock written
+             uv's locking run, the survey (what wheels-only resolution held back), the torch
+             layer, the build's installer, the check of every file's sha256 against the
+             index's pages, the lock written
   uv alone   ``uv pip compile pyproject.toml --format pylock.toml --generate-hashes`` of the
              generated project ``envbuild lock`` gives uv (the same requirements, the torch pin
              from its index, the same platform and Python): what a team without envbuild runs
