@@ -9,6 +9,7 @@ import hashlib
 import html
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -84,7 +85,7 @@ def runs_of(log: Path) -> tuple[tuple[float, float], list[tuple[float, float, st
     surveys = [(float(a), float(b), "cache" if "--offline" in args else "index", rc)
                for a, b, rc, args in runs if "--only-binary" not in args
                and ("--generate-hashes" in args or "versions.txt" in args)]
-    assert closure[2] == "0" and all(rc == "0" for *_, rc in surveys), runs
+    assert closure[2] == "0" and all(rc == "0" for *_, kind, rc in surveys if kind == "index"), runs
     return closure[:2], [survey[:3] for survey in surveys]
 
 
@@ -163,19 +164,41 @@ def test_a_fresh_lock_whose_survey_the_cache_cannot_answer_asks_the_index(
 def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
         tmp_path: Path, empty_index: str, links: str, uv_env: dict[str, str]) -> None:  # noqa: F811
     """Kept pins: the closure's run reads none of the newer releases the survey takes, so the
-    survey asks the index beside it (from SURVEY_DELAY s after its start), and the result is
-    the survey's as before."""
+    survey asks the index beside it (from SURVEY_DELAY s after its start); the cache is asked
+    too once the closure's run has ended, and here cannot prove its answer (held 0.2 is on a
+    find-links page without hashes, which uv offline cannot compute): the result is the
+    online survey's, as before."""
     first = compile_closure(spec(empty_index, links, uv_env, "keep==1.0", "held"))
     uv, log = logging_uv(tmp_path)
     got = compile_closure(spec(empty_index, links, uv_env, "keep", "held", uv=uv, previous=first.pylock_text))
     assert got.packages == {"held": "0.1", "keep": "1.0"}
     assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
     closure, surveys = runs_of(log)
-    [survey] = surveys
-    assert survey[2] == "index"
+    [survey] = [s for s in surveys if s[2] == "index"]
     assert survey[0] < closure[1] and closure[0] < survey[1], (closure, survey)  # they overlap
     # the survey's starts a moment later: two runs' connections opened at once stalled one
     assert survey[0] - closure[0] >= SURVEY_DELAY * 0.6, (closure, survey)  # the shells' own start: jitter
+    assert all(s[0] >= closure[1] for s in surveys if s[2] == "cache")
+
+
+def test_a_lock_keeping_previous_pins_takes_the_caches_proven_answer_without_waiting_for_the_index(
+        tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """Kept pins, nothing newer: the cache's answer (the closure's own versions) is proven the
+    index's as soon as the closure's run ends, and the survey asking the index beside it (made
+    to take 60 s here) is stopped, not waited for."""
+    first = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held"))
+    slow = tmp_path / "uv"
+    slow.write_text(f"#!{sys.executable}\nimport os, sys, time\n"
+                    "if '--only-binary' not in sys.argv and '--offline' not in sys.argv:\n"
+                    "    time.sleep(60)  # the survey asking the index\n"
+                    f"os.execv({find_uv(None)!r}, [{find_uv(None)!r}, *sys.argv[1:]])\n")
+    slow.chmod(0o755)
+    start = time.monotonic()
+    got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=str(slow),
+                                      previous=first.pylock_text))
+    assert time.monotonic() - start < 30
+    assert got.packages == first.packages == {"held": "0.1", "keep": "2.0"}
+    assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
 
 
 def test_a_closure_run_that_fails_ends_the_survey_and_reports_at_once(tmp_path: Path) -> None:

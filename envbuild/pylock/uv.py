@@ -40,9 +40,11 @@ only where uv's ``-v`` log shows it is the index's (:func:`answered_by_cache`: n
 passed over for want of its metadata, no package whose page the first run did not read), else
 asks the index. Its versions alone are read where they are the first run's (nothing held back,
 the common case); else its pylock. A lock that keeps previous pins (the
-first run then reads none of the newer releases the survey takes) or is offline surveys beside
-the first run, in its own directory, from SURVEY_DELAY s after its start (two runs opening
-their connections at once made a burst of name look-ups that a resolver answered 5 s late).
+first run then reads none of the newer releases the survey takes, which the cache may lack) or
+is offline surveys beside the first run, in its own directory, from SURVEY_DELAY s after its
+start (two runs opening their connections at once made a burst of name look-ups that a
+resolver answered 5 s late); keeping pins, it also asks the cache at the first run's end, and
+where that answer is proven the run beside is stopped, not waited for.
 Each run is registered while it runs: where the lock fails in any thread or is interrupted
 (Ctrl-C, SIGTERM), every uv still running is killed before the lock reports its error, and
 none starts after.
@@ -265,6 +267,29 @@ class _Live:
             self.cancel()
 
 
+class _Stop:
+    """One run that another thread may stop: before it starts (then it never does) or while it
+    runs (killed; its own thread then sees a failed run, which nobody reads)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+        self.stopped = False
+
+    def running(self, process: subprocess.Popen[str]) -> None:
+        with self._guard:
+            if self.stopped:
+                process.kill()
+            else:
+                self._process = process
+
+    def stop(self) -> None:
+        with self._guard:
+            self.stopped = True
+            if self._process is not None:
+                self._process.kill()
+
+
 @dataclass(frozen=True)
 class _Uv:
     """One closure's uv runs: the binary, the spec, the default index, uv's environment, the
@@ -277,9 +302,10 @@ class _Uv:
     deadline: float
     live: _Live = field(default_factory=_Live, compare=False)
 
-    def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None) -> str:
+    def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None,
+            stop: _Stop | None = None) -> str:
         """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``)."""
-        return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live)
+        return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live, stop)
 
     def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None,
                 annotate: bool = False) -> list[str]:
@@ -310,7 +336,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
     # interrupted, so that the pool's threads end at once and the directory can be removed.
     with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp, \
-            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=3) as side, \
+            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=4) as side, \
             run.live:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
@@ -319,10 +345,15 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         # beside it (from SURVEY_DELAY s after its start); else from uv's cache the moment the
         # closure's run ends, its answer judged once ``locked`` (the closure's names) is known.
         locked: Future[dict[str, str]] = Future()
-        survey: Future[Pylock | None] | None = None
-        if not spec.all_sdists:
-            survey = side.submit(_survey_run, run, work) if _survey_beside(spec) \
-                else side.submit(_survey_after, run, work, locked)
+        survey: Future[Pylock | None] | None = None  # the survey's answer
+        online: Future[Pylock | None] | None = None  # its run asking the index beside the closure's
+        stop = _Stop()
+        if not spec.all_sdists and _survey_beside(spec):
+            survey = online = side.submit(_survey_run, run, work, stop)
+            if not spec.offline:  # kept pins: the cache may answer first (_survey_raced)
+                survey = side.submit(_survey_raced, run, work, locked, online, stop)
+        elif not spec.all_sdists:
+            survey = side.submit(_survey_after, run, work, locked)
         if pages is not None:
             pages.prefetch(_known_names(spec))
         # The installer's small lock first asks uv's cache alone, beside the closure's run; a
@@ -336,7 +367,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             pylock = read_pylock(text)
         except NoCompatibleStack as exc:
             locked.set_result({})  # no closure: the cache's answer is never taken
-            raise _every_sdist_only(run, work, exc, survey) from None
+            raise _every_sdist_only(run, work, exc, online or survey) from None
         except BaseException:
             locked.set_exception(_Cancelled())
             raise
@@ -432,7 +463,7 @@ def _survey_spec(spec: ClosureSpec) -> ClosureSpec:
     return replace(spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
 
 
-def _survey_run(run: _Uv, work: Path) -> Pylock:
+def _survey_run(run: _Uv, work: Path, stop: _Stop | None = None) -> Pylock:
     """uv's closure of the same project with sdists allowed (no previous pin kept). It asks
     the index (unless the lock is offline): asked of uv's cache alone, uv passes over a newer
     sdist whose metadata the cache lacks and answers with the older release, silently
@@ -446,15 +477,15 @@ def _survey_run(run: _Uv, work: Path) -> Pylock:
     # 16 here; started SURVEY_DELAY s apart, 0 in 16; one after the other, 3 in 16).
     run.live.after_closure_started(0.0 if run.spec.offline else SURVEY_DELAY)
     command = run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec)) + _held_to(run.spec, survey)
-    run.run(command, survey)
+    run.run(command, survey, stop=stop)
     return read_pylock((survey / OUTPUT).read_text(encoding="utf-8"), reference=False)
 
 
 def _survey_beside(spec: ClosureSpec) -> bool:
     """Whether the survey runs beside the closure's run (else after it, :func:`_survey_after`):
     offline (both ask the cache alone), or where the lock keeps previous pins, so that the
-    closure's run reads none of the newer releases the survey takes and uv's cache cannot answer
-    for them."""
+    closure's run reads none of the newer releases the survey takes and uv's cache may not
+    answer for them (then raced against the cache: :func:`_survey_raced`)."""
     return spec.offline or bool(_kept_pins(spec))
 
 
@@ -464,22 +495,42 @@ def _survey_after(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> Pyloc
     is the index's; else asked of the index. None where it answered the closure's own versions
     (nothing held back: the common case, read without a pylock); else the survey's pylock.
     ``locked``: the closure's versions, once its pylock is read (none where it failed)."""
+    proven, found = _survey_proven(run, work, locked)
+    return found if proven else _survey_run(run, work)
+
+
+def _survey_raced(run: _Uv, work: Path, locked: Future[dict[str, str]], online: Future[Pylock | None],
+                  stop: _Stop) -> Pylock | None:
+    """A lock keeping previous pins: the survey asks the index beside the closure's run
+    (``online``), and from the closure's end uv's cache is asked too; where the cache's answer
+    is proven the index's (:func:`_survey_proven`) the online run is stopped and not waited
+    for, else its answer is the survey's."""
+    proven, found = _survey_proven(run, work, locked)
+    if not proven:
+        return online.result()
+    stop.stop()
+    return found
+
+
+def _survey_proven(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> tuple[bool, Pylock | None]:
+    """(proven, answer): the survey from uv's cache, where its -v log proves the answer is the
+    index's; the answer None for the closure's own versions (nothing held back), else its pylock."""
     try:
         log, text = _survey_from_cache(run, work / "survey-versions", pylock=False)
         versions = pinned_versions(text)
         closure = locked.result()
         if versions is not None and answered_by_cache(log, frozenset(versions), frozenset(closure)):
             if versions == closure:
-                return None
+                return True, None
             log, text = _survey_from_cache(run, work / "survey-cached", pylock=True)
             found = read_pylock(text, reference=False)
             if answered_by_cache(log, frozenset(found.versions()), frozenset(closure)):
-                return found
+                return True, found
     except TooSlow:
         raise
     except EnvbuildError:
-        pass  # the cache could not answer at all: asked of the index below
-    return _survey_run(run, work)
+        pass  # the cache could not answer at all
+    return False, None
 
 
 def _survey_from_cache(run: _Uv, cwd: Path, *, pylock: bool) -> tuple[str, str]:
@@ -742,11 +793,13 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
-         started: Callable[[], None] | None = None, live: _Live | None = None) -> str:
+         started: Callable[[], None] | None = None, live: _Live | None = None,
+         stop: _Stop | None = None) -> str:
     """One uv run within the deadline, its stderr; ``started`` is called once uv is running.
-    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled)."""
+    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled);
+    ``stop``: where another thread may stop this run alone (then _Cancelled)."""
     left = deadline - time.monotonic()
-    if live is not None and live.cancelled:
+    if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
         raise _Cancelled
     if left <= 0:
         raise _too_slow(spec)
@@ -760,6 +813,8 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
         try:
             if live is not None:
                 live.add(process)
+            if stop is not None:
+                stop.running(process)
             if started is not None:
                 started()
             _, stderr = process.communicate(timeout=left)
@@ -773,7 +828,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
         finally:
             if live is not None:
                 live.discard(process)
-    if live is not None and live.cancelled:
+    if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
         raise _Cancelled
     if process.returncode != 0:
         raise uv_failure(stderr, spec)
