@@ -313,10 +313,44 @@ def index_of(matrix: Matrix) -> Index:
         if data is None:
             data = build_index(matrix)
             if cache is not None:
-                _save(_kept_file(cache[0]), {"format": INDEX_FORMAT, "code": _identity(__file__),
+                _save(_kept_file(cache[0]), {"format": INDEX_FORMAT, "code": _ident(__file__),
                                              "key": cache[1], "index": data})
         index = matrix.derived["index"] = Index(data)
     return index
+
+
+# --- the on-disk index: the fast path's cache ---------------------------------------------
+
+
+def _signature(directory: str) -> tuple[Any, ...]:
+    """Identity of every data file: any write changes a file's size or change time."""
+    from envbuild.data.matrix import MANIFEST, RELATIONS
+
+    names = [f"{name}.yaml" for name in RELATIONS] + [MANIFEST]
+    directory_id = _ident(directory)
+    # This file's identity too: another envbuild (an upgrade, an edit) may lay out the
+    # index differently while the data stays the same.
+    return (_ident(__file__), directory_id[1:3] if directory_id else None,
+            *((name, _ident(os.path.join(directory, name))) for name in names))
+
+
+def _ident(path: str) -> tuple[int, ...] | None:
+    """A file's identity: any write changes its size or change time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _cache_file(cache_dir: str, directory: str) -> str:
+    import sys
+
+    digest = 0xCBF29CE484222325  # FNV-1a: a stable name per directory without hashlib
+    for byte in os.fsencode(directory):
+        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    tag = sys.implementation.cache_tag or "py"  # marshal's format follows the interpreter
+    return os.path.join(cache_dir, f"resolve-index-{digest:016x}.{tag}.marshal")
 
 
 def _kept_file(cache_dir: str) -> str:
@@ -335,51 +369,11 @@ def _kept_index(cache_dir: str, key: str) -> dict[str, Any] | None:
     except (OSError, EOFError, ValueError, TypeError):
         return None
     if (isinstance(saved, dict) and saved.get("format") == INDEX_FORMAT and saved.get("key") == key
-            and saved.get("code") == _identity(__file__)):
+            and saved.get("code") == _ident(__file__)):
         kept = saved.get("index")
         if isinstance(kept, dict):
             return kept
     return None
-
-
-def _identity(path: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-# --- the on-disk index: the fast path's cache ---------------------------------------------
-
-
-def _signature(directory: str) -> tuple[Any, ...]:
-    """Identity of every data file: any write changes a file's size or change time."""
-    from envbuild.data.matrix import MANIFEST, RELATIONS
-
-    def ident(path: str) -> tuple[int, ...] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    names = [f"{name}.yaml" for name in RELATIONS] + [MANIFEST]
-    directory_id = ident(directory)
-    # This file's identity too: another envbuild (an upgrade, an edit) may lay out the
-    # index differently while the data stays the same.
-    return (ident(__file__), directory_id[1:3] if directory_id else None,
-            *((name, ident(os.path.join(directory, name))) for name in names))
-
-
-def _cache_file(cache_dir: str, directory: str) -> str:
-    import sys
-
-    digest = 0xCBF29CE484222325  # FNV-1a: a stable name per directory without hashlib
-    for byte in os.fsencode(directory):
-        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    tag = sys.implementation.cache_tag or "py"  # marshal's format follows the interpreter
-    return os.path.join(cache_dir, f"resolve-index-{digest:016x}.{tag}.marshal")
 
 
 def load_index(directory: str, cache_dir: str | None) -> Index:
