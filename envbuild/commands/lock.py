@@ -159,29 +159,30 @@ def _configured_index(env: Mapping[str, str]) -> Callable[[], str]:
     """pip's index (PIP_INDEX_URL, else its configuration, which ``pip config list`` reads in
     a third of a second), the default where the project names none: asked on a thread from
     the start, while the project is read, the stack resolved and the base image pinned."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from envbuild.upstream.pipconfig import index_url
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(index_url, None, env)
-    pool.shutdown(wait=False)
-    return future.result
+    return _soon(lambda: index_url(None, env))
 
 
 def _uv_version_soon() -> Callable[[], str]:
     """The version of the uv that resolves the closure (``uv --version``, a process of its own,
     which the build installs with unless a previous lock names one): asked on a thread from the
     start, like pip's index; its error, if any, is raised where the version is read."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def version() -> str:
         from envbuild.pylock.uvbin import find_uv, uv_version  # not pylock.uv: that is heavier
 
         return uv_version(find_uv(None))
 
+    return _soon(version)
+
+
+def _soon(work: Callable[[], str]) -> Callable[[], str]:
+    """``work`` begun now on a thread of its own; the call returned waits for its answer (and
+    raises its error)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(version)
+    future = pool.submit(work)
     pool.shutdown(wait=False)
     return future.result
 

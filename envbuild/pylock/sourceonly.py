@@ -147,9 +147,6 @@ def names_hint(found: list[SdistOnly], listed: tuple[str, ...] = ()) -> str:
 # --- the survey from uv's cache (envbuild/pylock/uv.py's _survey_after) -------------------
 
 
-_PINNED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
-
-
 def pinned_versions(text: str) -> dict[str, str] | None:
     """{canonical name: version} of uv's requirements.txt output without annotations; None
     where a line is not ``NAME==VERSION`` (a URL, a marker): such an answer is not judged here."""
@@ -158,7 +155,7 @@ def pinned_versions(text: str) -> dict[str, str] | None:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        match = _PINNED.fullmatch(line)
+        match = _REQUIREMENT.fullmatch(line)
         if match is None:
             return None
         versions[canonicalize_name(match[1])] = match[2]

@@ -307,6 +307,12 @@ class _Uv:
         """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``)."""
         return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live, stop)
 
+    def project_in(self, cwd: Path, *, pins_only: bool = False) -> None:
+        """``cwd`` made, where it is not, with the generated project in it (the pins alone
+        with ``pins_only``): each uv run's own directory."""
+        cwd.mkdir(exist_ok=True)
+        (cwd / "pyproject.toml").write_text(project_text(self.spec, pins_only=pins_only), encoding="utf-8")
+
     def command(self, output: str, *, hashes: bool, spec: ClosureSpec | None = None,
                 annotate: bool = False) -> list[str]:
         return _command(self.uv, spec or self.spec, self.default_index, output, hashes=hashes,
@@ -469,8 +475,7 @@ def _survey_run(run: _Uv, work: Path, stop: _Stop | None = None) -> Pylock:
     sdist whose metadata the cache lacks and answers with the older release, silently
     (measured: rouge-score 0.0.4, not 0.1.2); :func:`_survey_after` knows when it did not."""
     survey = work / "survey"
-    survey.mkdir(exist_ok=True)
-    (survey / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    run.project_in(survey)
     # Beside the closure's run, a moment after it (or at its end, if sooner): each uv run opens
     # its connections (a name look-up each) in its first instant, and two runs started together
     # had one of them wait 5 s for a resolver that dropped a reply under the burst (7 pairs in
@@ -536,8 +541,7 @@ def _survey_proven(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> tupl
 def _survey_from_cache(run: _Uv, cwd: Path, *, pylock: bool) -> tuple[str, str]:
     """(uv's -v log, its output) of the survey's run made ``--offline -v`` in ``cwd``: a
     pylock with ``pylock``, else its versions alone (requirements.txt: no hashes to read)."""
-    cwd.mkdir()
-    (cwd / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    run.project_in(cwd)
     spec = replace(_survey_spec(run.spec), offline=True)
     output = OUTPUT if pylock else "versions.txt"
     command = [c for c in run.command(output, hashes=pylock, spec=spec) if c != "--quiet"]  # no -q with -v
@@ -551,8 +555,7 @@ def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tup
     """The survey's annotated requirements (who requires whom): a second run, held to the
     survey's versions, that asks uv's cache first."""
     via, spec = work / "survey-via", _survey_spec(run.spec)
-    via.mkdir(exist_ok=True)
-    (via / "pyproject.toml").write_text(project_text(run.spec), encoding="utf-8")
+    run.project_in(via)
     (via / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
                                   encoding="utf-8")
     command = [*run.command("via.txt", hashes=False, spec=replace(spec, offline=True), annotate=True),
@@ -770,16 +773,14 @@ def _early_layer(run: _Uv, work: Path) -> dict[str, str] | None:
     """The pins' closure from uv's cache alone, held to nothing ({name: version}), run beside
     the closure's run: judged by :func:`_torch_layer` against the closure's versions."""
     early = work / "layer-early"
-    early.mkdir()
-    (early / "pyproject.toml").write_text(project_text(run.spec, pins_only=True), encoding="utf-8")
+    run.project_in(early, pins_only=True)
     run.run(run.command("layer.txt", hashes=False, spec=replace(run.spec, offline=True)), early)
     return pinned_versions((early / "layer.txt").read_text(encoding="utf-8"))
 
 
 def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = False) -> set[str]:
     """The names of the pins' closure, resolved by uv (no hashes) with ``held`` as constraints."""
-    layer.mkdir()
-    (layer / "pyproject.toml").write_text(project_text(run.spec, pins_only=True), encoding="utf-8")
+    run.project_in(layer, pins_only=True)
     (layer / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in held.items()), encoding="utf-8")
     held_spec = replace(run.spec, offline=run.spec.offline or offline)
     command = [*run.command("layer.txt", hashes=False, spec=held_spec), "--constraints", "constraints.txt"]
