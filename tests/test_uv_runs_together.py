@@ -22,14 +22,8 @@ from test_sdist_builds import empty_index  # noqa: F401 (fixture)
 from test_sdist_survey import links, sdist, spec, uv_env, wheel  # noqa: F401 (fixtures)
 
 from envbuild.errors import DataError
-from envbuild.pylock.uv import (
-    SURVEY_DELAY,
-    ClosureSpec,
-    answered_by_cache,
-    compile_closure,
-    find_uv,
-    pinned_versions,
-)
+from envbuild.pylock.sourceonly import answered_by_cache, pinned_versions
+from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, compile_closure, find_uv
 
 
 def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:

@@ -179,12 +179,9 @@ def _uv_version_soon() -> Callable[[], str]:
 def _soon(work: Callable[[], str]) -> Callable[[], str]:
     """``work`` begun now on a thread of its own; the call returned waits for its answer (and
     raises its error)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from envbuild.threads import begin
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(work)
-    pool.shutdown(wait=False)
-    return future.result
+    return begin(work, name="envbuild-soon").result
 
 
 def _no_index() -> str:
@@ -416,15 +413,13 @@ def _pinning(args: argparse.Namespace, env: Mapping[str, str], project: Project 
     if lock.base_digest is not None or args.offline or args.no_registry:
         pinned = _pin_base(args, env, project, lock, steps)
         return (lambda: None), (lambda: pinned)
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from envbuild.threads import Answer, begin
 
-    begun: list[Future[Lock]] = []
+    begun: list[Answer[Lock]] = []
 
     def start() -> None:  # on the main thread, as result is: no lock needed
         if not begun:
-            pool = ThreadPoolExecutor(max_workers=1)
-            begun.append(pool.submit(_pin_base, args, env, project, lock, steps))
-            pool.shutdown(wait=False)
+            begun.append(begin(_pin_base, args, env, project, lock, steps, name="envbuild-registry"))
 
     def result() -> Lock:
         start()

@@ -14,8 +14,6 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
@@ -26,6 +24,8 @@ from envbuild.pylock.files import SHA256, Pylock, PylockFile, PylockPackage
 from envbuild.redact import redact, strip_credentials
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from envbuild.upstream.http_client import HttpClient
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -33,16 +33,21 @@ WORKERS = 8
 _SHA256_FRAGMENT = re.compile(r"(?:^|&)sha256=([0-9a-fA-F]{64})(?:&|$)")
 
 
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
+def _hrefs(html: str) -> list[str]:
+    """Every link's href on an HTML page (html.parser is read here: most indexes answer JSON)."""
+    from html.parser import HTMLParser
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.hrefs.append(href)
+    hrefs: list[str] = []
+
+    class Links(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "a":
+                href = dict(attrs).get("href")
+                if href:
+                    hrefs.append(href)
+
+    Links().feed(html)
+    return hrefs
 
 
 def page_hashes(body: bytes, content_type: str, page_url: str) -> dict[str, str | None]:
@@ -58,9 +63,7 @@ def page_hashes(body: bytes, content_type: str, page_url: str) -> dict[str, str 
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"index page {redact(page_url)} is not a simple API JSON page ({exc})") from exc
         return found
-    parser = _Links()
-    parser.feed(body.decode("utf-8", "replace"))
-    for href in parser.hrefs:
+    for href in _hrefs(body.decode("utf-8", "replace")):
         parts = urlsplit(urljoin(page_url, href))
         match = _SHA256_FRAGMENT.search(parts.fragment)
         found[unquote(parts.path.rsplit("/", 1)[-1])] = match[1].lower() if match else None
@@ -93,7 +96,7 @@ class IndexPages:
         self._env = env
         self._timeout = timeout
         self._client: HttpClient | None = None  # made (requests imported) for the first page read
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS)
+        self._pool: ThreadPoolExecutor | None = None  # made for the first page read
         self._pages: dict[str, Future[tuple[str, dict[str, str | None]]]] = {}
         self._lock = threading.Lock()
 
@@ -101,7 +104,8 @@ class IndexPages:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Start fetching the pages of ``names`` (canonical project names) not asked for yet."""
@@ -116,6 +120,10 @@ class IndexPages:
     def _page(self, name: str) -> Future[tuple[str, dict[str, str | None]]]:
         with self._lock:
             if name not in self._pages:
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._pool = ThreadPoolExecutor(max_workers=WORKERS)
                 self._pages[name] = self._pool.submit(self._fetch, name)
             return self._pages[name]
 

@@ -57,6 +57,7 @@ written but the temporary directory, which is removed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -66,7 +67,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,7 +76,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack, UsageError
-from envbuild.pylock import sourceonly
 from envbuild.pylock.direct import (
     check_hashes,
     check_platform,
@@ -88,14 +87,18 @@ from envbuild.pylock.direct import (
 from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
-from envbuild.pylock.sourceonly import HeldBack, answered_by_cache, pinned_versions
 from envbuild.pylock.sources import archives, check_source
 from envbuild.pylock.spec import ClosureSpec as ClosureSpec  # re-exported: callers import it from here
 from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
 from envbuild.pylock.uvbin import uv_version as uv_version
 from envbuild.pylock.uvfailure import NO_WHEELS, PROJECT_NAME, uv_failure
 from envbuild.redact import redact
+from envbuild.threads import Answer, Threads
 from envbuild.upstream import pipconfig
+
+TYPE_CHECKING = False  # the survey's module is read once the closure's run has begun
+if TYPE_CHECKING:
+    from envbuild.pylock.sourceonly import HeldBack
 
 TORCH_INDEX_NAME = "envbuild-torch"
 OUTPUT = "pylock.toml"  # uv insists on pylock.toml or pylock.NAME.toml
@@ -342,7 +345,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
     # interrupted, so that the pool's threads end at once and the directory can be removed.
     with tempfile.TemporaryDirectory(prefix="envbuild-uv-") as tmp, \
-            _index_pages(spec, default_index, env) as pages, ThreadPoolExecutor(max_workers=4) as side, \
+            _index_pages(spec, default_index, env) as pages, Threads() as side, \
             run.live:
         work = Path(tmp)
         (work / "pyproject.toml").write_text(project_text(spec), encoding="utf-8")
@@ -350,9 +353,9 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         # the closure's run will not have read what the survey needs (_survey_beside), it runs
         # beside it (from SURVEY_DELAY s after its start); else from uv's cache the moment the
         # closure's run ends, its answer judged once ``locked`` (the closure's names) is known.
-        locked: Future[dict[str, str]] = Future()
-        survey: Future[Pylock | None] | None = None  # the survey's answer
-        online: Future[Pylock | None] | None = None  # its run asking the index beside the closure's
+        locked: Answer[dict[str, str]] = Answer()
+        survey: Answer[Pylock | None] | None = None  # the survey's answer
+        online: Answer[Pylock | None] | None = None  # its run asking the index beside the closure's
         stop = _Stop()
         if not spec.all_sdists and _survey_beside(spec):
             survey = online = side.submit(_survey_run, run, work, stop)
@@ -395,13 +398,15 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                    installer=wheel, sdists=sdists, held_back=held, notes=notes)
 
 
-def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Future[Pylock | None] | None
+def _sdists_and_held_back(run: _Uv, work: Path, pylock: Pylock, survey: Answer[Pylock | None] | None
                           ) -> tuple[tuple[str, ...], tuple[HeldBack, ...], tuple[str, ...]]:
     """(the packages locked by their sdist alone, the packages held back, notes). With
     ``all_sdists`` uv already took the newest release of everything, an sdist where there is
     no wheel: nothing is held back. Otherwise the survey (sdists allowed, ``survey``: its run;
     None where it answered the closure's own versions) says what wheels-only resolution held
     back; a survey that fails is a note, never a failed lock."""
+    from envbuild.pylock import sourceonly
+
     spec = run.spec
     if spec.all_sdists or survey is None:
         return tuple(s.name for s in sourceonly.sdist_only(pylock, {})), (), ()
@@ -441,10 +446,12 @@ def _shortened(text: str, limit: int = 240) -> str:
 
 
 def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack,
-                      survey_run: Future[Pylock | None] | None) -> EnvbuildError:
+                      survey_run: Answer[Pylock | None] | None) -> EnvbuildError:
     """A wheels-only run that stopped at a package with no usable wheel (uv names one per run):
     every package only an sdist provides, each with where it comes from, from one survey
     (``survey_run``: its run, started beside the closure's)."""
+    from envbuild.pylock import sourceonly
+
     if not NO_WHEELS.search(failure.message):
         return failure
     try:
@@ -494,7 +501,7 @@ def _survey_beside(spec: ClosureSpec) -> bool:
     return spec.offline or bool(_kept_pins(spec))
 
 
-def _survey_after(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> Pylock | None:
+def _survey_after(run: _Uv, work: Path, locked: Answer[dict[str, str]]) -> Pylock | None:
     """The survey, after the closure's run has read the index: from uv's cache alone, which
     that run has just brought up to date, wherever :func:`answered_by_cache` shows that answer
     is the index's; else asked of the index. None where it answered the closure's own versions
@@ -504,7 +511,7 @@ def _survey_after(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> Pyloc
     return found if proven else _survey_run(run, work)
 
 
-def _survey_raced(run: _Uv, work: Path, locked: Future[dict[str, str]], online: Future[Pylock | None],
+def _survey_raced(run: _Uv, work: Path, locked: Answer[dict[str, str]], online: Answer[Pylock | None],
                   stop: _Stop) -> Pylock | None:
     """A lock keeping previous pins: the survey asks the index beside the closure's run
     (``online``), and from the closure's end uv's cache is asked too; where the cache's answer
@@ -517,9 +524,11 @@ def _survey_raced(run: _Uv, work: Path, locked: Future[dict[str, str]], online: 
     return found
 
 
-def _survey_proven(run: _Uv, work: Path, locked: Future[dict[str, str]]) -> tuple[bool, Pylock | None]:
+def _survey_proven(run: _Uv, work: Path, locked: Answer[dict[str, str]]) -> tuple[bool, Pylock | None]:
     """(proven, answer): the survey from uv's cache, where its -v log proves the answer is the
     index's; the answer None for the closure's own versions (nothing held back), else its pylock."""
+    from envbuild.pylock.sourceonly import answered_by_cache, pinned_versions
+
     try:
         log, text = _survey_from_cache(run, work / "survey-versions", pylock=False)
         versions = pinned_versions(text)
@@ -554,6 +563,8 @@ def _survey_from_cache(run: _Uv, cwd: Path, *, pylock: bool) -> tuple[str, str]:
 def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The survey's annotated requirements (who requires whom): a second run, held to the
     survey's versions, that asks uv's cache first."""
+    from envbuild.pylock import sourceonly
+
     via, spec = work / "survey-via", _survey_spec(run.spec)
     run.project_in(via)
     (via / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in pylock.versions().items()),
@@ -614,6 +625,10 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
         command += ["--upgrade-package", name]
     def running() -> None:
         run.live.closure_started.set()
+        # What reading the closure's pylock needs, imported while uv runs (the main thread only
+        # waits): packaging's reference reader, ~10 ms that would otherwise follow uv's run.
+        threading.Thread(target=importlib.import_module, args=("packaging.pylock",),
+                         name="envbuild-import").start()
         if started is not None:
             started()
 
@@ -667,7 +682,7 @@ def _check_pins_cutoff(spec: ClosureSpec, pylock: Pylock) -> None:
 
 
 def _installer(run: _Uv, work: Path, pages: IndexPages | None,
-               cached: Future[str] | None = None) -> InstallerWheel:
+               cached: Answer[str] | None = None) -> InstallerWheel:
     """uv at ``spec.installer`` from the default index: its wheel for the closure's platform,
     the sha256 checked against the index like every file of the closure. ``cached``: the same
     run made from uv's cache alone; where it could not answer, the run is made online. The
@@ -738,7 +753,7 @@ def _index_of(spec: ClosureSpec, default_index: str) -> Callable[[str], str]:
 
 
 def _torch_layer(run: _Uv, versions: dict[str, str], work: Path,
-                 early: Future[dict[str, str] | None] | None = None) -> frozenset[str]:
+                 early: Answer[dict[str, str] | None] | None = None) -> frozenset[str]:
     """The pinned packages and their own closure, every version held to ``versions``.
 
     ``early``: the pins' closure uv answered from its cache beside the closure's run, held to
@@ -772,6 +787,8 @@ def _torch_layer(run: _Uv, versions: dict[str, str], work: Path,
 def _early_layer(run: _Uv, work: Path) -> dict[str, str] | None:
     """The pins' closure from uv's cache alone, held to nothing ({name: version}), run beside
     the closure's run: judged by :func:`_torch_layer` against the closure's versions."""
+    from envbuild.pylock.sourceonly import pinned_versions
+
     early = work / "layer-early"
     run.project_in(early, pins_only=True)
     run.run(run.command("layer.txt", hashes=False, spec=replace(run.spec, offline=True)), early)

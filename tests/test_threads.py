@@ -1,0 +1,51 @@
+"""envbuild/threads.py: work begun on threads, answered later (what lock starts beside uv)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from envbuild.threads import Answer, Threads, begin
+
+
+def test_an_answer_is_its_value_or_raises_its_exception() -> None:
+    given: Answer[int] = Answer()
+    assert not given.done()
+    with pytest.raises(TimeoutError):
+        given.result(timeout=0.01)
+    given.set_result(7)
+    assert given.done() and given.result() == 7
+    failed: Answer[int] = Answer()
+    failed.set_exception(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):  # any BaseException travels, as concurrent.futures does
+        failed.result()
+
+
+def test_begun_work_runs_on_a_thread_of_its_own_and_hands_back_its_error() -> None:
+    main = threading.get_ident()
+    ran_on = begin(threading.get_ident, name="envbuild-test").result(timeout=10)
+    assert ran_on != main
+
+    def fails(word: str) -> str:
+        raise ValueError(word)
+
+    with pytest.raises(ValueError, match="broken"):
+        begin(fails, "broken").result(timeout=10)
+
+
+def test_leaving_a_block_of_threads_waits_for_every_one() -> None:
+    release = threading.Event()
+    ended: list[str] = []
+
+    def slow(name: str, *, suffix: str) -> str:
+        release.wait(10)
+        ended.append(name + suffix)
+        return name
+
+    with Threads() as threads:
+        answers = [threads.submit(slow, name, suffix="!") for name in ("a", "b", "c")]
+        assert not any(a.done() for a in answers)  # all three begun at once, none finished
+        release.set()
+    assert sorted(ended) == ["a!", "b!", "c!"]  # the block ended only after all three
+    assert [a.result(timeout=0) for a in answers] == ["a", "b", "c"]
