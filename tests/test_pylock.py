@@ -32,7 +32,7 @@ from envbuild.errors import DataError, NoCompatibleStack, UsageError
 from envbuild.pylock.files import read_pylock
 from envbuild.pylock.hashes import check_index_hashes, page_hashes
 from envbuild.pylock.install import install_requirements, local_wheels, supported_tags
-from envbuild.pylock.uv import ClosureSpec, compile_closure
+from envbuild.pylock.uv import ClosureSpec, compile_closure, find_uv
 
 TORCH = "9.9.9+cu999"
 LINUX = "cp311-cp311-manylinux_2_28_x86_64"
@@ -307,10 +307,22 @@ def test_uv_missing_is_usage_error(index: Index, uv_env: dict[str, str], tmp_pat
     with pytest.raises(UsageError) as caught:
         compile_closure(spec(index, uv_env, uv=str(tmp_path / "no-uv")))
     assert caught.value.exit_code == 2 and "pip install uv" in caught.value.one_line()
+    # No uv package, and no uv binary where a virtual environment's scripts go.
     monkeypatch.setitem(sys.modules, "uv", None)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
     with pytest.raises(UsageError) as caught:
         compile_closure(spec(index, uv_env))
     assert "pip install uv" in caught.value.one_line()
+
+
+def test_the_uv_found_in_a_virtual_environment_is_the_uv_packages_own() -> None:
+    """find_uv looks first where the uv package's own finder does (<prefix>/bin in a virtual
+    environment), without importing sysconfig: both name the same binary here."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run outside a virtual environment")
+    from uv import find_uv_bin
+
+    assert find_uv(None) == str(find_uv_bin())
 
 
 def test_unreachable_index_is_one_line(index: Index, uv_env: dict[str, str]) -> None:

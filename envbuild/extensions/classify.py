@@ -17,11 +17,8 @@ naming the sdist, never quoting more of it than :func:`envbuild.confine.token` a
 from __future__ import annotations
 
 import ast
-import gzip
 import io
 import posixpath
-import tarfile
-import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -244,6 +241,8 @@ class _Capped(io.RawIOBase):
     """A gzip stream that stops after ``limit`` decompressed bytes (a bomb ends here)."""
 
     def __init__(self, data: bytes, limit: int, what: str) -> None:
+        import gzip  # the archive modules are read where an sdist is opened: lock imports this module early
+
         self._stream = gzip.GzipFile(fileobj=io.BytesIO(data))
         self._left, self._what = limit, what
 
@@ -262,6 +261,8 @@ class _Capped(io.RawIOBase):
 
 
 def _tar_members(data: bytes, what: str) -> Iterator[Member]:
+    import tarfile
+
     try:
         with tarfile.open(fileobj=io.BufferedReader(_Capped(data, MAX_UNPACKED, what)), mode="r|") as tar:
             for count, info in enumerate(tar):
@@ -305,6 +306,8 @@ def _bounded(body: IO[bytes] | None, what: str) -> bytes:
 
 
 def _zip_members(data: bytes, what: str) -> Iterator[Member]:
+    import zipfile
+
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = archive.infolist()

@@ -10,7 +10,6 @@ use, so a file accepts exactly what the flags accept.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import os
 import re
@@ -193,6 +192,8 @@ class _Reader:
     def unknown_keys(self, table: Mapping[str, Any], known: Sequence[str], path: KeyPath) -> None:
         for key in table:
             if key not in known:
+                import difflib  # for a misspelt key only
+
                 close = difflib.get_close_matches(key.replace("_", "-"), known, n=1, cutoff=0.6)
                 raise self.fail([*path, key], "unknown key", f"did you mean {quoted(close[0])}?"
                                 if close else f"known keys: {', '.join(known)}")

@@ -17,7 +17,6 @@ torchvision and torchaudio are set aside as constraints on the stack rather than
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -281,6 +280,8 @@ def _pick(name: str, table: Mapping[str, Any], where: Where, what: str) -> str:
     for key in table:
         if canonicalize_name(key) == wanted:
             return key
+    import difflib  # for a misspelt name only
+
     close = difflib.get_close_matches(name, list(table), n=1)
     hint = f"did you mean {quoted(close[0])}?" if close else (
         f"known: {token(', '.join(sorted(table)))}" if table else f"the pyproject defines no {what}s")

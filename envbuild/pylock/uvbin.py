@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 from envbuild.errors import UsageError
 
@@ -34,6 +35,12 @@ def find_uv(explicit: str | None) -> str:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
             raise UsageError(f"uv not found at {explicit}", hint=hint)
         return explicit
+    # In a virtual environment on POSIX the uv package's binary is where its own finder looks
+    # first (sysconfig's scripts path, <prefix>/bin), found here without importing sysconfig.
+    if os.name == "posix" and sys.prefix != sys.base_prefix:
+        here = os.path.join(sys.prefix, "bin", "uv")
+        if os.path.isfile(here) and os.access(here, os.X_OK):
+            return here
     try:
         from uv import find_uv_bin
     except ModuleNotFoundError as exc:

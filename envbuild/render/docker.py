@@ -18,11 +18,10 @@ from typing import Any
 from envbuild.confine import WHEEL_NAME, confined, quoted, read_regular
 from envbuild.data.matrix import Matrix
 from envbuild.errors import UsageError
-from envbuild.extensions.stage import PURE_FILES, PURE_SUMS, check_toolchain, context_files, stage_context
 from envbuild.fs import FileData
 from envbuild.render.aptsnapshot import holds
 from envbuild.render.lock import Lock, Standalone, make_lock
-from envbuild.render.templates import environment, major_minor
+from envbuild.render.templates import major_minor
 from envbuild.render.values import (
     check_debian_package,
     check_env_pair,
@@ -33,7 +32,6 @@ from envbuild.render.values import (
     check_user_name,
 )
 from envbuild.resolver.model import Stack
-from envbuild.smoke.bundle import payload as smoke_payload
 
 CA_BUNDLE_NAME = "ca-bundle.crt"
 # Where a BuildKit-syntax build mounts the CA bundle secret while a RUN step runs.
@@ -331,6 +329,9 @@ def context(lock: Lock, *, ca_bundle: bool, wheelhouse: Sequence[Path] = (),
             git: Sequence[tuple[str, str, str]] = (), pure: Sequence[str] = ()) -> dict[str, Any]:
     """The Dockerfile's values. ``pure``: the requirements files of the envbuild-sdists stage
     (the pure sdists, the torch layer's packages they build with, the recorded wheels' sums)."""
+    # Rendering's modules, read here: lock imports this module on its way to uv, which needs none.
+    from envbuild.extensions.stage import check_toolchain, stage_context
+
     s = lock.stack
     check_toolchain(lock.extensions, cuda=s.cuda, flavor=lock.flavor)
     standalone = lock.python_standalone
@@ -403,6 +404,10 @@ def render_docker(lock: Lock, options: RenderOptions, *,
     """The build context: Dockerfile, envbuild.lock, smoke.py (and its GPU peak table),
     .dockerignore, plus the CA bundle and the wheelhouse's wheels when given. Wheels are
     returned as paths (copied, never read into memory)."""
+    from envbuild.extensions.stage import PURE_FILES, PURE_SUMS, context_files
+    from envbuild.render.templates import environment
+    from envbuild.smoke.bundle import payload as smoke_payload
+
     if not lock.companions and options.companions:
         options = replace(options, companions=False)
     files: dict[str, FileData] = {}

@@ -6,7 +6,6 @@ Only rendering pays for jinja2: the CLI's other commands never import this modul
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,8 @@ if TYPE_CHECKING:
 
 def _templates_dir() -> Path:
     """The packaged copy (installed wheel), else the repository's top-level templates/."""
+    from importlib import resources  # here: lock imports this module for major_minor alone
+
     packaged = Path(str(resources.files("envbuild"))) / "templates"
     if packaged.is_dir():
         return packaged
