@@ -244,13 +244,14 @@ def reject_image_options(args: argparse.Namespace, *, kind: str) -> None:
 def resolve_stacks(args: argparse.Namespace, env: Mapping[str, str],
                    matrix: Matrix) -> tuple[Request, Resolution]:
     """The request the selectors make and its resolution; no stack is NoCompatibleStack."""
-    from envbuild.resolver.explain import explain_failure
     from envbuild.resolver.resolve import resolve
     from envbuild.resolver.selection import Selectors, build_request
 
     request = build_request(Selectors.of(args), matrix, env)
     resolution = resolve(request, matrix)
     if not resolution.stacks:
+        from envbuild.resolver.explain import explain_failure  # only where nothing resolved
+
         raise explain_failure(request, matrix, resolution)
     return request, resolution
 

@@ -96,8 +96,10 @@ from envbuild.redact import redact
 from envbuild.threads import Answer, Threads
 from envbuild.upstream import pipconfig
 
-TYPE_CHECKING = False  # the survey's module is read once the closure's run has begun
+TYPE_CHECKING = False  # for the type checker only: the survey's module is read where it is used
 if TYPE_CHECKING:
+    from typing import Any
+
     from envbuild.pylock.sourceonly import HeldBack
 
 TORCH_INDEX_NAME = "envbuild-torch"
@@ -363,16 +365,24 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                 survey = side.submit(_survey_raced, run, work, locked, online, stop)
         elif not spec.all_sdists:
             survey = side.submit(_survey_after, run, work, locked)
-        if pages is not None:
-            pages.prefetch(_known_names(spec))
-        # The installer's small lock first asks uv's cache alone, beside the closure's run; a
-        # cache that cannot answer, and an offline lock, make it after the closure's run.
-        cached = None if spec.installer is None or spec.offline else \
-            side.submit(_installer_run, run, work / "installer-cached", offline=True)
-        # The torch layer from uv's cache, beside the closure's run (a core it leaves idle)
-        early = None if spec.offline or not spec.torch_pins else side.submit(_early_layer, run, work)
+        beside: dict[str, Answer[Any]] = {}
+
+        def begun() -> None:
+            """What runs beside the closure's run, begun once it has started (it goes first)."""
+            if pages is not None:
+                pages.prefetch(_known_names(spec))
+            # The installer's small lock first asks uv's cache alone; a cache that cannot
+            # answer, and an offline lock, make it after the closure's run.
+            if spec.installer is not None and not spec.offline:
+                beside["cached"] = side.submit(_installer_run, run, work / "installer-cached", offline=True)
+            # The torch layer from uv's cache (a core the closure's run leaves idle)
+            if not spec.offline and spec.torch_pins:
+                beside["early"] = side.submit(_early_layer, run, work)
+            if started is not None:
+                started()
+
         try:
-            text = _closure_run(run, work, started)
+            text = _closure_run(run, work, begun)
             pylock = read_pylock(text)
         except NoCompatibleStack as exc:
             locked.set_result({})  # no closure: the cache's answer is never taken
@@ -381,6 +391,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             locked.set_exception(_Cancelled())
             raise
         locked.set_result(pylock.versions())
+        cached, early = beside.get("cached"), beside.get("early")
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
         if pages is not None:
             check_hashes(direct_wheels(spec.dependencies),
@@ -527,10 +538,10 @@ def _survey_raced(run: _Uv, work: Path, locked: Answer[dict[str, str]], online: 
 def _survey_proven(run: _Uv, work: Path, locked: Answer[dict[str, str]]) -> tuple[bool, Pylock | None]:
     """(proven, answer): the survey from uv's cache, where its -v log proves the answer is the
     index's; the answer None for the closure's own versions (nothing held back), else its pylock."""
-    from envbuild.pylock.sourceonly import answered_by_cache, pinned_versions
-
     try:
         log, text = _survey_from_cache(run, work / "survey-versions", pylock=False)
+        from envbuild.pylock.sourceonly import answered_by_cache, pinned_versions  # after the closure's run
+
         versions = pinned_versions(text)
         closure = locked.result()
         if versions is not None and answered_by_cache(log, frozenset(versions), frozenset(closure)):
@@ -625,9 +636,9 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
         command += ["--upgrade-package", name]
     def running() -> None:
         run.live.closure_started.set()
-        # What reading the closure's pylock needs, imported while uv runs (the main thread only
-        # waits): packaging's reference reader, ~10 ms that would otherwise follow uv's run.
-        threading.Thread(target=importlib.import_module, args=("packaging.pylock",),
+        # What follows the closure's run, imported while uv runs (the main thread only waits):
+        # packaging's reference reader and the survey's judge, ~13 ms otherwise after it.
+        threading.Thread(target=_import, args=("packaging.pylock", "envbuild.pylock.sourceonly"),
                          name="envbuild-import").start()
         if started is not None:
             started()
@@ -637,6 +648,11 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
     finally:
         run.live.closure_ended.set()
     return (work / OUTPUT).read_text(encoding="utf-8")
+
+
+def _import(*modules: str) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
 def _held_to(spec: ClosureSpec, cwd: Path) -> list[str]:
@@ -787,11 +803,10 @@ def _torch_layer(run: _Uv, versions: dict[str, str], work: Path,
 def _early_layer(run: _Uv, work: Path) -> dict[str, str] | None:
     """The pins' closure from uv's cache alone, held to nothing ({name: version}), run beside
     the closure's run: judged by :func:`_torch_layer` against the closure's versions."""
-    from envbuild.pylock.sourceonly import pinned_versions
-
     early = work / "layer-early"
     run.project_in(early, pins_only=True)
     run.run(run.command("layer.txt", hashes=False, spec=replace(run.spec, offline=True)), early)
+    from envbuild.pylock.sourceonly import pinned_versions  # read after: the closure's run has begun
     return pinned_versions((early / "layer.txt").read_text(encoding="utf-8"))
 
 
