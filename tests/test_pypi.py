@@ -587,6 +587,23 @@ def test_index_url_falls_back_to_pips_default(tmp_path: Path) -> None:
     assert pipconfig.index_url(None, env) == default
 
 
+def test_pips_default_read_from_its_source_is_the_one_pip_imported_gives() -> None:
+    """lock reads pip's default index from pip's source (importing pip costs ~4 ms before uv
+    starts): the same URL as pip's own module, imported."""
+    from pip._internal.models.index import PyPI
+
+    assert pipconfig._written_default_index_url() == PyPI.simple_url
+    assert pipconfig.pip_default_index_url() == PyPI.simple_url
+
+
+def test_pips_default_written_otherwise_is_read_from_pip_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pip._internal.models.index import PyPI
+
+    monkeypatch.setattr(pipconfig, "_PIP_DEFAULT", re.compile(r"^a line pip never writes$"))
+    assert pipconfig._written_default_index_url() is None
+    assert pipconfig.pip_default_index_url() == PyPI.simple_url
+
+
 def test_index_url_rejects_non_http() -> None:
     with pytest.raises(DataError, match="not an http"):
         pipconfig.index_url("file:///srv/simple", {})

@@ -135,13 +135,46 @@ def parse_pip_config_list(text: str) -> dict[str, str]:
 
 
 def pip_default_index_url() -> str | None:
-    """The index pip uses when nothing is configured, read from pip itself (not an API)."""
+    """The index pip uses when nothing is configured, read from pip itself (not an API): from
+    its source where it is written as pip 20 to 26 write it, else from pip imported (pip's
+    import brings ``logging``: ~4 ms of ``lock`` before uv starts, on a thread sharing the
+    interpreter lock)."""
+    written = _written_default_index_url()
+    if written is not None:
+        return written
     try:
         module = importlib.import_module("pip._internal.models.index")
         url = module.PyPI.simple_url
     except Exception:  # pip's internals may move or be absent: "unknown", not a crash
         return None
     return url if isinstance(url, str) else None
+
+
+# pip's models/index.py: ``PyPI = PackageIndex("https://…/", file_storage_domain=…)``, whose
+# ``simple_url`` is ``urljoin(url, "simple")`` (PackageIndex._url_for_path).
+_PIP_DEFAULT = re.compile(r'^PyPI = PackageIndex\(\s*"(https://[A-Za-z0-9.-]+/)"', re.MULTILINE)
+
+
+def _written_default_index_url() -> str | None:
+    """pip's default index as its models/index.py writes it, read without importing pip;
+    None where the file is not found or not written that way."""
+    from importlib.util import find_spec  # finding a package runs none of its code
+
+    try:
+        spec = find_spec("pip")
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            return None
+        with open(os.path.join(os.path.dirname(origin), "_internal", "models", "index.py"),
+                  encoding="utf-8") as handle:
+            found = _PIP_DEFAULT.search(handle.read(64 * 1024))
+    except (OSError, ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    from urllib.parse import urljoin
+
+    return urljoin(found[1], "simple")
 
 
 def tls_verify(env: Mapping[str, str]) -> str | bool:
