@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from envbuild import __version__
-from envbuild.commands import detect
 from envbuild.commands.options import VERBOSITY, Parser, add_selectors, load_matrix, positive_int
 from envbuild.errors import (
     EXIT_INTERRUPTED,
@@ -89,7 +88,7 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
     def add_matrix(commands: Any) -> None:
         _add_matrix(commands, refresh=refresh or with_render)
 
-    own: dict[str, Callable[[Any], None]] = {"resolve": _add_resolve, "detect": detect.add_commands,
+    own: dict[str, Callable[[Any], None]] = {"resolve": _add_resolve, "detect": _add_detect,
                                              "smoke": _add_smoke, "matrix": add_matrix}
     for name in OWN_COMMANDS:
         if only in (None, name):
@@ -105,6 +104,12 @@ def build_parser(*, with_render: bool = True, lazy: str | None = None,
         elif only in (None, name):
             commands.add_parser(name, help=text)
     return parser
+
+
+def _add_detect(commands: Any) -> None:
+    from envbuild.commands import detect  # read for its parser only: other commands do without
+
+    detect.add_commands(commands)
 
 
 def _add_resolve(commands: Any) -> None:

@@ -233,9 +233,9 @@ def _no_project_here() -> None:
 
 def _plans(args: argparse.Namespace, project: Project | None) -> list[_Plan]:
     """One plan per target; flags override the file's values."""
-    from envbuild.render.lockset import DEFAULT_TARGET
-
     if project is None:
+        from envbuild.render.lockset import DEFAULT_TARGET
+
         return [_Plan(DEFAULT_TARGET, args, tuple(args.pip_package), ())]
     return [_Plan(t.name, _merged(args, project, t), project.dependencies + tuple(args.pip_package),
                   project.torch_constraints) for t in project.targets]
@@ -289,10 +289,10 @@ def _project_torch(args: argparse.Namespace, specs: Sequence[str]) -> argparse.N
 
 def _previous(path: Path) -> LockSet | None:
     """The lock already there, whose pins uv keeps (unless told to upgrade); unreadable → none."""
-    from envbuild.render.lockset import read_lockset
-
     if not path.is_file():
         return None
+    from envbuild.render.lockset import read_lockset
+
     try:
         return read_lockset(path)
     except UsageError as exc:
@@ -348,7 +348,6 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
 
     from envbuild.commands.lockview import Steps, base_text
     from envbuild.render.lock import check_lock, duplicate_cuda
-    from envbuild.render.lockset import LockSet, ProjectRef
 
     locks: dict[str, Lock] = {}
     for plan in plans:
@@ -377,6 +376,8 @@ def _lock_all(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, 
         placement = None if project is None else project.target(plan.name).placement
         fleet = placement if placement is not None and not placement.is_empty() else None
         locks[plan.name] = replace(closed, fleet=fleet)
+    from envbuild.render.lockset import LockSet, ProjectRef  # read while uv ran (envbuild/pylock/uv.py)
+
     ref = None if project is None else ProjectRef(file=project.path.name, inputs_sha256=project.inputs_digest)
     return LockSet(targets=locks, project=ref)
 
@@ -463,7 +464,6 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     from envbuild.pylock.uv import compile_closure, platform_tag
     from envbuild.render.docker import custom_base
     from envbuild.render.lock import Installer, PylockRef, check_lock
-    from envbuild.render.lockset import pylock_name, sha256_text
 
 
     spec = replace(_spec(args, env, matrix, project, plan, lock, index),
@@ -482,7 +482,17 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     else:
         whose = f"Ubuntu {lock.stack.ubuntu}'s glibc"
     steps.step(f"resolving the closure with uv for {tag} ({whose})")
-    closure = compile_closure(spec, started=started)
+    def begun() -> None:  # uv's closure run has started: the lock's own writer is read meanwhile
+        import importlib
+
+        from envbuild.threads import begin
+
+        begin(importlib.import_module, "envbuild.render.lockset", name="envbuild-import")
+        if started is not None:
+            started()
+
+    closure = compile_closure(spec, started=begun)
+    from envbuild.render.lockset import pylock_name, sha256_text
     pylock = closure.pylock
     if project is not None and project.hashes:
         from envbuild.pylock.hashed import check_hashed
