@@ -157,12 +157,12 @@ def run() -> None:
     argv, env = sys.argv[1:], os.environ
     # The fast path allocates the index and the stacks and frees nothing before it exits,
     # so the cyclic collector's passes over them (about a tenth of the command's time)
-    # are pure cost there; every other command runs with the collector on.
+    # are pure cost there. The CLI's imports free nothing either: the collector stays off
+    # through them, and the CLI turns it on for every command (lock: once uv runs).
     gc.disable()
     try:  # the CLI handles Ctrl-C once it runs; until then (its imports, the fast path) it is here
         code = fast_resolve(argv, env)
         if code is None:
-            gc.enable()
             from envbuild.commands.cli import main as cli_main
 
             sys.exit(cli_main(argv, env))

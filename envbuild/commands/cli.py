@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -332,11 +333,14 @@ def verbosity(argv: list[str]) -> tuple[list[str], int]:
 def _run(argv: list[str], env: Mapping[str, str], level: int) -> int:
     debug = "--debug" in argv
     if argv[:1] == ["smoke"]:
+        gc.enable()
         # The smoke test owns its arguments (it also runs standalone inside images).
         return run_smoke(argv[1:], env)
     try:
         words = _command_words(argv)
         command = words[0] if words else None
+        if command != "lock":  # lock turns the collector on once uv's closure run has started
+            gc.enable()  # (off since the start: envbuild/__main__.py)
         lazy = LAZY_COMMANDS.get(command or "", (None,))[0]
         # `envbuild --help` (no command) lists every command by name and help alone: none of
         # the lazily registered modules is imported for it.
