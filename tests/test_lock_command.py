@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,8 @@ import pytest
 
 from envbuild.commands.cli import main
 from envbuild.pylock.uv import find_uv, uv_version
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASE = "mirror.example/library/debian:bookworm@sha256:" + "a" * 64
 LINUX = "cp311-cp311-manylinux_2_28_x86_64"
@@ -145,6 +148,31 @@ def test_lock_a_project_then_check_it(tmp_path: Path, indexes: str, env: dict[st
     (tmp_path / "pylock.toml").write_text(first[1].decode() + "# edited\n")
     code, _, err = run(capsys, env, "lock", "--check")
     assert code == 11 and "changed since" in err
+
+
+def test_the_command_ends_at_once_with_its_output_said_and_its_files_whole(
+        tmp_path: Path, indexes: str, env: dict[str, str]) -> None:
+    """`envbuild lock` ends its process with os._exit once the files are written (an orderly
+    shutdown was ~15 ms of a lock): what it printed to a pipe arrives, the files are whole,
+    and a failing lock still exits through the interpreter's own shutdown."""
+    import subprocess
+
+    project(tmp_path, indexes)
+    command = [sys.executable, "-m", "envbuild", "lock"]
+    done = subprocess.run(command, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "wrote envbuild.lock" in done.stdout and "3 distributions in pylock.toml" in done.stdout
+    assert done.stderr.splitlines()[-1] == "lock: writing envbuild.lock and 1 pylock file"
+    lock = json.loads((tmp_path / "envbuild.lock").read_text())
+    assert lock["targets"]["default"]["pylock"]["sha256"] == hashlib.sha256(
+        (tmp_path / "pylock.toml").read_bytes()).hexdigest()
+    written = (tmp_path / "envbuild.lock").read_bytes(), (tmp_path / "pylock.toml").read_bytes()
+    project(tmp_path, indexes, deps='["no-such-package-anywhere"]')
+    failed = subprocess.run(command, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert failed.returncode == 3 and "envbuild: error[no-compatible-stack]" in failed.stderr, failed.stderr
+    assert ((tmp_path / "envbuild.lock").read_bytes(), (tmp_path / "pylock.toml").read_bytes()) == written
 
 
 def test_the_build_installer_is_pinned_like_the_closure(tmp_path: Path, indexes: str, env: dict[str, str],

@@ -18,6 +18,7 @@ from envbuild.commands.options import (
     Out,
     add_render_options,
     add_selectors,
+    exit_at_once,
     load_matrix,
     progress,
     resolve_lock,
@@ -152,6 +153,7 @@ def cmd_lock(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
                         held=held, uv=uv)
 
     _write(path, replace(lockset, flags=flags), out, as_json=args.json, held=held)
+    exit_at_once()  # the files are written, uv's runs and their threads ended
     return 0
 
 
