@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -126,18 +127,57 @@ def test_cli_reports_corrupt_data_with_exit_4(data_copy: Path, capsys: pytest.Ca
     assert "cudnn.yaml: not valid YAML" in err
 
 
-def test_json_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path) -> None:
+def test_rows_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     first = matrix.load(data_copy, cache_dir=cache)
-    cached = list(cache.glob("matrices-*.json"))
+    cached = list(cache.glob("matrices-*.marshal"))
     # Keyed by every file (ci_actions.yaml included), not by Matrix.digest, which leaves it out.
-    assert len(cached) == 1 and re.fullmatch(r"matrices-[0-9a-f]{64}\.json", cached[0].name)
+    assert len(cached) == 1 and re.fullmatch(r"matrices-[0-9a-f]{64}\.[a-z0-9-]+\.marshal", cached[0].name)
+    matrix.load.cache_clear()
+    with monkeypatch.context() as patched:  # a hit parses nothing, and gives the rows JSON gave
+
+        def no_parsing(files: object) -> object:
+            raise AssertionError("the data was parsed again")
+
+        patched.setattr("envbuild.data.validate.parse_all", no_parsing)
+        hit = matrix.load(data_copy, cache_dir=cache)
+    assert hit == first and hit.rows("gpus") == first.rows("gpus")
+    assert list(hit.rows("ubuntu_python")) == json.loads(json.dumps(first.rows("ubuntu_python")))
+    matrix.load.cache_clear()
     with (data_copy / "ubuntu_python.yaml").open("a") as handle:
         handle.write("# a comment changes the digest, not the data\n")
     matrix.load.cache_clear()
     second = matrix.load(data_copy, cache_dir=cache)
     assert second.digest != first.digest
-    assert len(list(cache.glob("matrices-*.json"))) == 2
+    assert len(list(cache.glob("matrices-*.marshal"))) == 2
+
+
+def test_the_files_hashes_are_kept_by_identity_and_a_changed_file_is_read_again(
+        data_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading with a cache keeps each data file's sha256 beside its identity: a later load
+    whose files all have the same identities reads none of them (the same digest); a file
+    rewritten (same size, another byte) is read again and checked against the manifest."""
+    cache = tmp_path / "cache"
+    matrix.write_manifest(data_copy)
+    first = matrix.load(data_copy, cache_dir=cache)
+    assert Path(matrix._kept_hashes_file(cache)).is_file()
+    matrix.load.cache_clear()
+
+    def no_reading(directory: Path) -> dict[str, bytes]:
+        raise AssertionError("a data file was read")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(matrix, "_settled_files", no_reading)
+        again = matrix.load(data_copy, cache_dir=cache)
+    assert again.digest == first.digest and again.rows("gpus") == first.rows("gpus")
+    matrix.load.cache_clear()
+    path = data_copy / "gpus.yaml"
+    data = path.read_bytes()
+    path.write_bytes(data[:-2] + (b"x" if data[-2:-1] != b"x" else b"y") + data[-1:])  # same size
+    with pytest.raises(DataError) as info:
+        matrix.load(data_copy, cache_dir=cache)
+    assert "sha256 mismatch" in info.value.message and "gpus.yaml" in info.value.message
 
 
 def test_arch_beyond_the_variants_nvcc_is_reported(data_copy: Path) -> None:

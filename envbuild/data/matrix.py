@@ -3,7 +3,8 @@
 One YAML file per relation; every row carries ``source`` and ``retrieved``. The loader
 checks each field's type, parses versions once, checks references across files, and
 reports *every* problem with its file and row in one ``DataError``. Results are cached
-per directory, and a JSON cache keyed by the files' sha256 keeps the CLI's start fast.
+per directory, and a cache of the parsed rows keyed by the files' sha256 (each file's sha256
+kept by its identity) keeps the CLI's start fast.
 
 ``envbuild resolve`` imports this module on its start-up path (held to 2x a bare
 interpreter's start), so it imports nothing heavy at load: hashlib, json, pathlib and the
@@ -117,15 +118,21 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
 
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
-    files = _settled_files(directory)
-    key = _digest(files)  # the cache's: every file
+    files = None
+    hashes = _remembered_hashes(directory, cache_dir)
+    if hashes is None:
+        files, hashes = _read_and_remember(directory, cache_dir)
+    key = _digest(hashes)  # the cache's: every file
     relations = _read_json_cache(cache_dir, key)
     if relations is None:
         from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
 
+        if files is None:
+            files, hashes = _read_and_remember(directory, cache_dir)
+            key = _digest(hashes)
         relations = parse_all(files)
         _write_json_cache(cache_dir, key, relations)
-    digest = _digest({name: data for name, data in files.items() if name not in NOT_RESOLVED})
+    digest = _digest({name: h for name, h in hashes.items() if name not in NOT_RESOLVED})
     loaded = Matrix(directory=directory, relations=relations, digest=digest)
     if cache_dir is not None:  # where the resolver's index of these files may be kept (resolver/index.py)
         loaded.derived["cache"] = (str(cache_dir), key)
@@ -144,13 +151,96 @@ def _read_files(directory: Path) -> dict[str, bytes]:
     return files
 
 
-def _digest(files: Mapping[str, bytes]) -> str:
+def _digest(hashes: Mapping[str, bytes]) -> str:
+    """One digest of the data files, from each one's sha256 (``_hashes``)."""
     import hashlib
 
     h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    for name in sorted(hashes):
+        h.update(name.encode() + b"\0" + hashes[name])
     return h.hexdigest()
+
+
+def _hashes(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    import hashlib
+
+    return {name: hashlib.sha256(data).digest() for name, data in files.items()}
+
+
+# --- the files' sha256 remembered by their identity -----------------------------------------
+# Reading and hashing 1.2 MB of data files (twice: the manifest's check, the cache's key) was
+# ~5 ms of every command that loads the matrices. Each file's sha256 is kept in the cache beside
+# its identity (device, inode, size, modification and change times: any write changes one; a
+# refresh replaces files by renaming), taken before and after the read that hashed it and
+# checked against the manifest: while every identity is the same, the same bytes are there and
+# were found whole. resolver/index.py keeps its index by the same identities.
+
+
+def _identities(directory: Path) -> dict[str, tuple[int, ...] | None]:
+    """Each data file's identity (None: absent)."""
+    found: dict[str, tuple[int, ...] | None] = {}
+    for name in (*RELATIONS, MANIFEST):
+        path = os.path.join(directory, name if name == MANIFEST else f"{name}.yaml")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            found[name] = None
+            continue
+        except OSError:
+            found[name] = (-1,)  # unreadable: never the same as a kept identity
+            continue
+        found[name] = (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return found
+
+
+def _kept_hashes_file(cache_dir: Path) -> str:
+    import sys
+
+    return os.path.join(cache_dir, f"matrix-files.{sys.implementation.cache_tag or 'py'}.marshal")
+
+
+def _remembered_hashes(directory: Path, cache_dir: Path | None) -> dict[str, bytes] | None:
+    """The data files' sha256s as kept when ``directory``'s files were last read whole; None
+    unless every file's identity is still the one kept."""
+    if cache_dir is None:
+        return None
+    import marshal
+
+    try:
+        with open(_kept_hashes_file(cache_dir), "rb") as handle:
+            kept = marshal.loads(handle.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if not (isinstance(kept, dict) and kept.get("format") == CACHE_FORMAT
+            and kept.get("directory") == str(directory)):
+        return None
+    identities, hashes = kept.get("identities"), kept.get("hashes")
+    if identities != _identities(directory) or not isinstance(hashes, dict):
+        return None
+    return hashes
+
+
+def _read_and_remember(directory: Path, cache_dir: Path | None) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The data files (checked against the manifest) and their sha256s, kept in the cache where
+    no file changed while they were read."""
+    before = _identities(directory)
+    files = _settled_files(directory)
+    hashes = _hashes(files)
+    if cache_dir is not None and _identities(directory) == before:
+        import marshal
+        from pathlib import Path
+
+        from envbuild.errors import UsageError
+        from envbuild.fs import write_file
+
+        body = marshal.dumps({"format": CACHE_FORMAT, "directory": str(directory),
+                              "identities": before, "hashes": hashes})
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            write_file(Path(_kept_hashes_file(cache_dir)), body, sync=False)
+        except (OSError, UsageError):
+            pass  # a cache is an optimisation: an unwritable home must not fail a command
+    return files, hashes
 
 
 def file_hashes(directory: Path) -> dict[str, str]:
@@ -331,7 +421,7 @@ def _check_manifest(directory: Path, files: Mapping[str, bytes]) -> None:
             )
 
 
-# --- JSON cache: parsed rows keyed by the data's digest ---------------------------------
+# --- the rows cache: parsed rows keyed by the data's digest ------------------------------
 
 
 def cache_directory(env: Mapping[str, str]) -> Path | None:
@@ -349,16 +439,27 @@ def cache_directory_name(env: Mapping[str, str]) -> str | None:
     return os.path.join(base, "envbuild") if base else None
 
 
+def _rows_cache_file(cache_dir: Path, digest: str) -> Path:
+    import sys
+
+    # marshal: read in a fifth of JSON's time (~1 ms against ~4.5 ms for these rows); its
+    # format follows the interpreter, hence the tag, as resolver/index.py's kept index.
+    return cache_dir / f"matrices-{digest}.{sys.implementation.cache_tag or 'py'}.marshal"
+
+
 def _read_json_cache(cache_dir: Path | None, digest: str) -> dict[str, tuple[Row, ...]] | None:
+    """The parsed rows kept for the data whose digest is ``digest`` (as JSON gave them back
+    when the cache was JSON: lists, not tuples, inside the rows)."""
     if cache_dir is None:
         return None
-    import json
+    import marshal
 
     try:
-        data = json.loads((cache_dir / f"matrices-{digest}.json").read_bytes())
-    except (OSError, ValueError):
+        data = marshal.loads(_rows_cache_file(cache_dir, digest).read_bytes())
+    except (OSError, EOFError, ValueError, TypeError):
         return None
-    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(
+            data.get("relations"), dict):
         return None
     return {name: tuple(rows) for name, rows in data["relations"].items()}
 
@@ -369,13 +470,17 @@ def _write_json_cache(
     if cache_dir is None:
         return
     import json
+    import marshal
 
+    from envbuild.errors import UsageError
     from envbuild.fs import write_file
 
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"format": CACHE_FORMAT, "relations": relations}).encode()
+        # Through JSON first: the rows read back are what the JSON cache gave (lists inside).
+        plain = json.loads(json.dumps(relations))
+        body = marshal.dumps({"format": CACHE_FORMAT, "relations": plain})
         # Not synced: a cache lost in a crash is rebuilt from the data.
-        write_file(cache_dir / f"matrices-{digest}.json", body, sync=False)
-    except OSError:
+        write_file(_rows_cache_file(cache_dir, digest), body, sync=False)
+    except (OSError, UsageError):
         pass  # a cache is an optimisation; an unwritable home must not fail a resolve
