@@ -337,8 +337,10 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     uv = find_uv(spec.uv)
     glibc_minor(spec.glibc)
     python_minor(spec.python)
-    check_platform(direct_wheels(spec.dependencies), supported_tags(spec.python, spec.glibc, spec.arch),
-                   python=spec.python, platform=platform_tag(spec.glibc, spec.arch))
+    wheels = direct_wheels(spec.dependencies)
+    if wheels:  # the target's tags (a thousand) are listed only for a wheel to check
+        check_platform(wheels, supported_tags(spec.python, spec.glibc, spec.arch),
+                       python=spec.python, platform=platform_tag(spec.glibc, spec.arch))
     default_index = spec.default_index or pipconfig.index_url(None, env)
     if spec.previous is not None:
         read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
