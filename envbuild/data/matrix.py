@@ -176,21 +176,20 @@ def _hashes(files: Mapping[str, bytes]) -> dict[str, bytes]:
 # were found whole. resolver/index.py keeps its index by the same identities.
 
 
+def file_identity(path: str) -> tuple[int, ...] | None:
+    """A file's identity (mode, device, inode, size, modification and change times: any write
+    changes one); None where it cannot be had. The resolver's kept index is keyed by it too."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _identities(directory: Path) -> dict[str, tuple[int, ...] | None]:
-    """Each data file's identity (None: absent)."""
-    found: dict[str, tuple[int, ...] | None] = {}
-    for name in (*RELATIONS, MANIFEST):
-        path = os.path.join(directory, name if name == MANIFEST else f"{name}.yaml")
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            found[name] = None
-            continue
-        except OSError:
-            found[name] = (-1,)  # unreadable: never the same as a kept identity
-            continue
-        found[name] = (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return found
+    """Each data file's identity (None: absent, as ``_read_files`` reads it)."""
+    return {name: file_identity(os.path.join(directory, name if name == MANIFEST else f"{name}.yaml"))
+            for name in (*RELATIONS, MANIFEST)}
 
 
 def _kept_hashes_file(cache_dir: Path) -> str:

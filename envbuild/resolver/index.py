@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from envbuild.data.matrix import file_identity
 from envbuild.data.versions import DriverVersion
 from envbuild.resolver.model import PIN_FIELDS
 
@@ -313,7 +314,7 @@ def index_of(matrix: Matrix) -> Index:
         if data is None:
             data = build_index(matrix)
             if cache is not None:
-                _save(_kept_file(cache[0]), {"format": INDEX_FORMAT, "code": _ident(__file__),
+                _save(_kept_file(cache[0]), {"format": INDEX_FORMAT, "code": file_identity(__file__),
                                              "key": cache[1], "index": data})
         index = matrix.derived["index"] = Index(data)
     return index
@@ -327,20 +328,11 @@ def _signature(directory: str) -> tuple[Any, ...]:
     from envbuild.data.matrix import MANIFEST, RELATIONS
 
     names = [f"{name}.yaml" for name in RELATIONS] + [MANIFEST]
-    directory_id = _ident(directory)
+    directory_id = file_identity(directory)
     # This file's identity too: another envbuild (an upgrade, an edit) may lay out the
     # index differently while the data stays the same.
-    return (_ident(__file__), directory_id[1:3] if directory_id else None,
-            *((name, _ident(os.path.join(directory, name))) for name in names))
-
-
-def _ident(path: str) -> tuple[int, ...] | None:
-    """A file's identity: any write changes its size or change time."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (file_identity(__file__), directory_id[1:3] if directory_id else None,
+            *((name, file_identity(os.path.join(directory, name))) for name in names))
 
 
 def _cache_file(cache_dir: str, directory: str) -> str:
@@ -369,7 +361,7 @@ def _kept_index(cache_dir: str, key: str) -> dict[str, Any] | None:
     except (OSError, EOFError, ValueError, TypeError):
         return None
     if (isinstance(saved, dict) and saved.get("format") == INDEX_FORMAT and saved.get("key") == key
-            and saved.get("code") == _ident(__file__)):
+            and saved.get("code") == file_identity(__file__)):
         kept = saved.get("index")
         if isinstance(kept, dict):
             return kept
