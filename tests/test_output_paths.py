@@ -278,11 +278,11 @@ def test_an_unwritable_directory_is_exit_2(command: list[str], tmp_path: Path,
 
 
 def test_a_refused_cache_path_is_skipped_not_fatal(tmp_path: Path) -> None:
-    from envbuild.data.matrix import _write_json_cache
+    from envbuild.data.matrix import _rows_cache_file, _write_rows_cache
 
     cache = tmp_path / "cache"
     cache.mkdir()
     (tmp_path / "elsewhere").write_bytes(b"precious")
-    (cache / "matrices-abc.json").symlink_to(tmp_path / "elsewhere")
-    _write_json_cache(cache, "abc", {})  # a cache is an optimisation: no error
+    _rows_cache_file(cache, "abc").symlink_to(tmp_path / "elsewhere")
+    _write_rows_cache(cache, "abc", {})  # a cache is an optimisation: no error
     assert (tmp_path / "elsewhere").read_bytes() == b"precious"

@@ -123,7 +123,7 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
     if hashes is None:
         files, hashes = _read_and_remember(directory, cache_dir)
     key = _digest(hashes)  # the cache's: every file
-    relations = _read_json_cache(cache_dir, key)
+    relations = _read_rows_cache(cache_dir, key)
     if relations is None:
         from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
 
@@ -131,7 +131,7 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
             files, hashes = _read_and_remember(directory, cache_dir)
             key = _digest(hashes)
         relations = parse_all(files)
-        _write_json_cache(cache_dir, key, relations)
+        _write_rows_cache(cache_dir, key, relations)
     digest = _digest({name: h for name, h in hashes.items() if name not in NOT_RESOLVED})
     loaded = Matrix(directory=directory, relations=relations, digest=digest)
     if cache_dir is not None:  # where the resolver's index of these files may be kept (resolver/index.py)
@@ -446,7 +446,7 @@ def _rows_cache_file(cache_dir: Path, digest: str) -> Path:
     return cache_dir / f"matrices-{digest}.{sys.implementation.cache_tag or 'py'}.marshal"
 
 
-def _read_json_cache(cache_dir: Path | None, digest: str) -> dict[str, tuple[Row, ...]] | None:
+def _read_rows_cache(cache_dir: Path | None, digest: str) -> dict[str, tuple[Row, ...]] | None:
     """The parsed rows kept for the data whose digest is ``digest`` (as JSON gave them back
     when the cache was JSON: lists, not tuples, inside the rows)."""
     if cache_dir is None:
@@ -463,7 +463,7 @@ def _read_json_cache(cache_dir: Path | None, digest: str) -> dict[str, tuple[Row
     return {name: tuple(rows) for name, rows in data["relations"].items()}
 
 
-def _write_json_cache(
+def _write_rows_cache(
     cache_dir: Path | None, digest: str, relations: Mapping[str, tuple[Row, ...]]
 ) -> None:
     if cache_dir is None:
