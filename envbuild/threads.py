@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["Answer", "Threads", "begin"]
+__all__ = ["Answer", "Threads", "begin", "read_soon"]
 
 T = TypeVar("T")
 
@@ -69,6 +69,18 @@ def _started(work: Callable[..., T], args: tuple[object, ...], name: str,
     thread = threading.Thread(target=body, name=name)
     thread.start()
     return answer, thread
+
+
+def read_soon(*modules: str) -> None:
+    """``modules`` imported on a thread of its own, begun now: what follows a wait (uv's run)
+    is imported during it, while the main thread only waits."""
+    import importlib
+
+    def read() -> None:
+        for module in modules:
+            importlib.import_module(module)
+
+    begin(read, name="envbuild-import")
 
 
 class Threads:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from envbuild.threads import Answer, Threads, begin
+from envbuild.threads import Answer, Threads, begin, read_soon
 
 
 def test_an_answer_is_its_value_or_raises_its_exception() -> None:
@@ -49,3 +51,16 @@ def test_leaving_a_block_of_threads_waits_for_every_one() -> None:
         release.set()
     assert sorted(ended) == ["a!", "b!", "c!"]  # the block ended only after all three
     assert [a.result(timeout=0) for a in answers] == ["a", "b", "c"]
+
+
+def test_modules_read_soon_are_imported_on_a_thread_of_their_own(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "envbuild_read_soon_probe.py").write_text(
+        "import threading\nTHREAD = threading.current_thread().name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "envbuild_read_soon_probe", raising=False)
+    read_soon("envbuild_read_soon_probe")
+    for thread in threading.enumerate():
+        if thread.name == "envbuild-import":
+            thread.join(10)
+    assert sys.modules["envbuild_read_soon_probe"].THREAD == "envbuild-import"

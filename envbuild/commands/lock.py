@@ -486,13 +486,11 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
     steps.step(f"resolving the closure with uv for {tag} ({whose})")
     def begun() -> None:  # uv's closure run has started: the lock's own writer is read meanwhile
         import gc
-        import importlib
 
-        from envbuild.threads import begin
+        from envbuild.threads import read_soon
 
         gc.enable()  # off through the start-up, which frees nothing (envbuild/__main__.py)
-
-        begin(importlib.import_module, "envbuild.render.lockset", name="envbuild-import")
+        read_soon("envbuild.render.lockset")
         if started is not None:
             started()
 

@@ -57,7 +57,6 @@ written but the temporary directory, which is removed.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -93,7 +92,7 @@ from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: caller
 from envbuild.pylock.uvbin import uv_version as uv_version
 from envbuild.pylock.uvfailure import NO_WHEELS, PROJECT_NAME, uv_failure
 from envbuild.redact import redact
-from envbuild.threads import Answer, Threads
+from envbuild.threads import Answer, Threads, read_soon
 from envbuild.upstream import pipconfig
 
 TYPE_CHECKING = False  # for the type checker only: the survey's module is read where it is used
@@ -640,8 +639,7 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
         run.live.closure_started.set()
         # What follows the closure's run, imported while uv runs (the main thread only waits):
         # packaging's reference reader and the survey's judge, ~13 ms otherwise after it.
-        threading.Thread(target=_import, args=("packaging.pylock", "envbuild.pylock.sourceonly"),
-                         name="envbuild-import").start()
+        read_soon("packaging.pylock", "envbuild.pylock.sourceonly")
         if started is not None:
             started()
 
@@ -650,11 +648,6 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
     finally:
         run.live.closure_ended.set()
     return (work / OUTPUT).read_text(encoding="utf-8")
-
-
-def _import(*modules: str) -> None:
-    for module in modules:
-        importlib.import_module(module)
 
 
 def _held_to(spec: ClosureSpec, cwd: Path) -> list[str]:
