@@ -1,6 +1,6 @@
 """When the survey's uv run (sdists allowed) runs: after the closure's, from uv's cache, for a
 fresh lock; beside it where the lock keeps previous pins or is offline. And the lock's uv runs
-end together (envbuild/pylock/uv.py's ``_Live``): a run that fails, or Ctrl-C, leaves no uv
+end together (envbuild/pylock/uvlive.py's ``Live``): a run that fails, or Ctrl-C, leaves no uv
 running and reports at once, never after the other run's own end."""
 
 from __future__ import annotations

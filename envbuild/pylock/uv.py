@@ -63,13 +63,11 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -91,6 +89,7 @@ from envbuild.pylock.spec import ClosureSpec as ClosureSpec  # re-exported: call
 from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
 from envbuild.pylock.uvbin import uv_version as uv_version
 from envbuild.pylock.uvfailure import NO_WHEELS, PROJECT_NAME, uv_failure
+from envbuild.pylock.uvlive import Cancelled, Live, Stop
 from envbuild.redact import redact
 from envbuild.threads import Answer, Threads, read_soon
 from envbuild.upstream import pipconfig
@@ -216,84 +215,6 @@ def _command(uv: str, spec: ClosureSpec, default_index: str, output: str, *, has
     return command
 
 
-class _Cancelled(Exception):
-    """A uv run ended because another run or the lock itself failed (never shown: that
-    failure is what the lock reports)."""
-
-
-class _Live:
-    """The uv processes of one lock that are running now, from every thread: where the lock
-    fails or is interrupted (Ctrl-C, SIGTERM, an error in any thread), leaving the ``with``
-    block kills them all, and a run not started yet never starts."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._processes: set[subprocess.Popen[str]] = set()
-        self.closure_started = threading.Event()  # the closure's uv run is running
-        self.closure_ended = threading.Event()  # it has ended, or the lock has failed
-        self.cancelled = False
-
-    def add(self, process: subprocess.Popen[str]) -> None:
-        with self._guard:
-            if not self.cancelled:
-                self._processes.add(process)
-                return
-        process.kill()
-        raise _Cancelled
-
-    def discard(self, process: subprocess.Popen[str]) -> None:
-        with self._guard:
-            self._processes.discard(process)
-
-    def after_closure_started(self, delay: float) -> None:
-        """Wait until the closure's run has run ``delay`` seconds or ended; _Cancelled where
-        the lock fails or is interrupted meanwhile."""
-        while not self.closure_started.wait(0.05):
-            if self.cancelled:
-                raise _Cancelled
-        self.closure_ended.wait(delay)
-        if self.cancelled:
-            raise _Cancelled
-
-    def cancel(self) -> None:
-        with self._guard:
-            self.cancelled = True
-            self.closure_ended.set()
-            for process in self._processes:
-                process.kill()
-
-    def __enter__(self) -> _Live:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        if kind is not None:
-            self.cancel()
-
-
-class _Stop:
-    """One run that another thread may stop: before it starts (then it never does) or while it
-    runs (killed; its own thread then sees a failed run, which nobody reads)."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._process: subprocess.Popen[str] | None = None
-        self.stopped = False
-
-    def running(self, process: subprocess.Popen[str]) -> None:
-        with self._guard:
-            if self.stopped:
-                process.kill()
-            else:
-                self._process = process
-
-    def stop(self) -> None:
-        with self._guard:
-            self.stopped = True
-            if self._process is not None:
-                self._process.kill()
-
-
 @dataclass(frozen=True)
 class _Uv:
     """One closure's uv runs: the binary, the spec, the default index, uv's environment, the
@@ -304,10 +225,10 @@ class _Uv:
     default_index: str
     env: dict[str, str]
     deadline: float
-    live: _Live = field(default_factory=_Live, compare=False)
+    live: Live = field(default_factory=Live, compare=False)
 
     def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None,
-            stop: _Stop | None = None) -> str:
+            stop: Stop | None = None) -> str:
         """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``)."""
         return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live, stop)
 
@@ -359,7 +280,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         locked: Answer[dict[str, str]] = Answer()
         survey: Answer[Pylock | None] | None = None  # the survey's answer
         online: Answer[Pylock | None] | None = None  # its run asking the index beside the closure's
-        stop = _Stop()
+        stop = Stop()
         if not spec.all_sdists and _survey_beside(spec):
             survey = online = side.submit(_survey_run, run, work, stop)
             if not spec.offline:  # kept pins: the cache may answer first (_survey_raced)
@@ -389,7 +310,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             locked.set_result({})  # no closure: the cache's answer is never taken
             raise _every_sdist_only(run, work, exc, online or survey) from None
         except BaseException:
-            locked.set_exception(_Cancelled())
+            locked.set_exception(Cancelled())
             raise
         locked.set_result(pylock.versions())
         cached, early = beside.get("cached"), beside.get("early")
@@ -488,7 +409,7 @@ def _survey_spec(spec: ClosureSpec) -> ClosureSpec:
     return replace(spec, all_sdists=True, no_binary=(), previous=None)  # the newest, no kept pin
 
 
-def _survey_run(run: _Uv, work: Path, stop: _Stop | None = None) -> Pylock:
+def _survey_run(run: _Uv, work: Path, stop: Stop | None = None) -> Pylock:
     """uv's closure of the same project with sdists allowed (no previous pin kept). It asks
     the index (unless the lock is offline): asked of uv's cache alone, uv passes over a newer
     sdist whose metadata the cache lacks and answers with the older release, silently
@@ -524,7 +445,7 @@ def _survey_after(run: _Uv, work: Path, locked: Answer[dict[str, str]]) -> Pyloc
 
 
 def _survey_raced(run: _Uv, work: Path, locked: Answer[dict[str, str]], online: Answer[Pylock | None],
-                  stop: _Stop) -> Pylock | None:
+                  stop: Stop) -> Pylock | None:
     """A lock keeping previous pins: the survey asks the index beside the closure's run
     (``online``), and from the closure's end uv's cache is asked too; where the cache's answer
     is proven the index's (:func:`_survey_proven`) the online run is stopped and not waited
@@ -821,14 +742,14 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
-         started: Callable[[], None] | None = None, live: _Live | None = None,
-         stop: _Stop | None = None) -> str:
+         started: Callable[[], None] | None = None, live: Live | None = None,
+         stop: Stop | None = None) -> str:
     """One uv run within the deadline, its stderr; ``started`` is called once uv is running.
-    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then _Cancelled);
-    ``stop``: where another thread may stop this run alone (then _Cancelled)."""
+    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then Cancelled);
+    ``stop``: where another thread may stop this run alone (then Cancelled)."""
     left = deadline - time.monotonic()
     if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
-        raise _Cancelled
+        raise Cancelled
     if left <= 0:
         raise _too_slow(spec)
     try:
@@ -857,7 +778,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
             if live is not None:
                 live.discard(process)
     if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
-        raise _Cancelled
+        raise Cancelled
     if process.returncode != 0:
         raise uv_failure(stderr, spec)
     return stderr
