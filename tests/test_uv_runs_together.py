@@ -1,5 +1,6 @@
-"""When the survey's uv run (sdists allowed) runs: after the closure's, from uv's cache, for a
-fresh lock; beside it where the lock keeps previous pins or is offline. And the lock's uv runs
+"""When the survey's uv run (sdists allowed) runs: for a fresh lock it is the closure's own run,
+the wheels-only run made after it only where it met an sdist; beside the closure's run where
+the lock keeps previous pins or is offline. And the lock's uv runs
 end together (envbuild/pylock/uvlive.py's ``Live``): a run that fails, or Ctrl-C, leaves no uv
 running and reports at once, never after the other run's own end."""
 
@@ -9,6 +10,7 @@ import hashlib
 import html
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,8 +24,14 @@ from test_sdist_builds import empty_index  # noqa: F401 (fixture)
 from test_sdist_survey import links, sdist, spec, uv_env, wheel  # noqa: F401 (fixtures)
 
 from envbuild.errors import DataError
-from envbuild.pylock.sourceonly import answered_by_cache, pinned_versions
-from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, compile_closure, find_uv
+from envbuild.pylock.sourceonly import (
+    answered_by_cache,
+    pinned_versions,
+    searched,
+    wheels_alone,
+    without_sdists,
+)
+from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, compile_closure, find_uv, project_text
 
 
 def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:
@@ -87,13 +95,15 @@ def runs_of(log: Path) -> tuple[tuple[float, float], list[tuple[float, float, st
 def hashed_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A PEP 503 index on 127.0.0.1 that gives every file's sha256 and every wheel's metadata
     (PEP 658), as a public index does: keep 1.0 and 2.0 as wheels; held 0.1 as a wheel and 0.2
-    as an sdist only (static metadata). Yields its /simple URL."""
+    as an sdist only (static metadata); both 1.0 as a wheel and an sdist. Yields its /simple URL."""
     root = tmp_path_factory.mktemp("hashed-index")
     files: dict[str, list[tuple[str, bytes, bytes | None]]] = {
         "keep": [(f"keep-{v}-py3-none-any.whl", wheel("keep", v), metadata("keep", v))
                  for v in ("1.0", "2.0")],
         "held": [("held-0.1-py3-none-any.whl", wheel("held", "0.1"), metadata("held", "0.1")),
                  ("held-0.2.tar.gz", sdist("held", "0.2"), None)],
+        "both": [("both-1.0-py3-none-any.whl", wheel("both", "1.0"), metadata("both", "1.0")),
+                 ("both-1.0.tar.gz", sdist("both", "1.0"), None)],
     }
     (root / "files").mkdir()
     for name, dists in files.items():
@@ -122,37 +132,59 @@ def hashed_spec(index: str, env: dict[str, str], *dependencies: str, **changes: 
                        default_index=index, timeout=120, env=env, **changes)
 
 
-def test_a_fresh_lock_surveys_from_uvs_cache_after_the_closures_run(
+def kinds(log: Path) -> list[tuple[str, str]]:
+    """Each run of the closure's pylock, in order (not the one that reads who requires whom):
+    ("sdists" where it allows them, else "wheels"; "cache" for --offline, else "index"); each
+    of them succeeded unless it asked the cache."""
+    found = []
+    for line in log.read_text().splitlines():
+        _, _, rc, args = line.split(" ", 3)
+        if "--generate-hashes" not in args:
+            continue
+        kind = ("wheels" if "--only-binary" in args else "sdists",
+                "cache" if "--offline" in args else "index")
+        assert rc == "0" or kind[1] == "cache", line
+        found.append(kind)
+    return found
+
+
+def test_a_fresh_lock_of_wheels_is_one_run_allowing_sdists(
         tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
-    """keep 2.0 is a wheel: the closure's run has just read all the survey needs, so the survey
-    is one run from uv's cache after it, and the index is asked once."""
+    """keep 2.0 and both 1.0 are wheels (both 1.0 has an sdist too): the one run allowing sdists,
+    the survey's, selected wheels alone, so it is the closure, and its pylock less the sdists is
+    the wheels-only run's to the byte (that run made here beside, on the same cache)."""
     uv, log = logging_uv(tmp_path)
-    got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", uv=uv))
-    assert got.packages == {"keep": "2.0"} and got.held_back == () and got.notes == ()
-    closure, surveys = runs_of(log)
-    assert [kind for _, _, kind in surveys] == ["cache"]
-    assert surveys[0][0] >= closure[1]
+    got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "both", uv=uv))
+    assert got.packages == {"both": "1.0", "keep": "2.0"} and got.held_back == () and got.notes == ()
+    assert kinds(log) == [("sdists", "index")]
+    [args] = [line.split(" ", 3)[3].split(" ") for line in log.read_text().splitlines()]
+    assert "--generate-hashes" in args  # and its log proved it (else a wheels-only run would follow)
+    assert "both-1.0.tar.gz" not in got.pylock_text and "both-1.0-py3-none-any.whl" in got.pylock_text
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "pyproject.toml").write_text(project_text(hashed_spec(hashed_index, uv_env, "keep", "both")))
+    wheels_only = [find_uv(None), *args, "--only-binary", ":all:"]
+    subprocess.run(wheels_only, cwd=alone, env=uv_env, check=True)
+    assert got.pylock_text == (alone / "pylock.toml").read_text()
 
 
-def test_a_fresh_lock_whose_survey_the_cache_cannot_answer_asks_the_index(
+def test_a_fresh_lock_that_meets_an_sdist_asks_for_the_wheels_only_closure_after(
         tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
-    """held 0.2 is an sdist only, whose metadata the wheels-only closure's run never read: from
-    the cache alone uv answers 0.1 and succeeds, silently but for its -v log; the log says so,
-    and the index is asked."""
+    """held 0.2 is an sdist only: the run allowing sdists selects it (its log says so), so its
+    answer is the survey's, and the wheels-only closure is asked of uv's cache, which lacks held
+    0.1's metadata (no run read it): uv's -v log says so, and the index is asked."""
     uv, log = logging_uv(tmp_path)
     got = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=uv))
     assert got.packages == {"held": "0.1", "keep": "2.0"}
     assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
-    closure, surveys = runs_of(log)  # every run succeeded: the cache's answer was refused for its log
-    assert [kind for _, _, kind in surveys] == ["cache", "index"]
-    assert surveys[0][0] >= closure[1] and surveys[1][0] >= surveys[0][1]
-    # locked again: the survey's online run has put held 0.2's metadata in uv's cache, so the
-    # cache's answer is the index's now and no run asks the index but the closure's: the
-    # versions first, then (they differ from the closure's) the pylock, both from the cache
+    assert "held-0.2.tar.gz" not in got.pylock_text
+    assert kinds(log) == [("sdists", "index"), ("wheels", "cache"), ("wheels", "index")]
+    # locked again: held 0.1's metadata is in uv's cache now, so the cache's wheels-only answer
+    # is proven the index's, and the index is asked once
     log.unlink()
     again = compile_closure(hashed_spec(hashed_index, uv_env, "keep", "held", uv=uv))
-    assert again.held_back == got.held_back
-    assert [kind for _, _, kind in runs_of(log)[1]] == ["cache", "cache"]
+    assert again.held_back == got.held_back and again.pylock_text == got.pylock_text
+    assert kinds(log) == [("sdists", "index"), ("wheels", "cache")]
 
 
 def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
@@ -285,3 +317,36 @@ def test_uvs_requirements_output_is_read_as_versions_and_anything_else_is_not_ju
     for line in ("six @ https://files.example/six-1.0-py3-none-any.whl", "six==1.0 ; sys_platform == 'linux'",
                  "-e ./here", "six>=1.0"):
         assert pinned_versions(f"keep==2.0\n{line}\n") is None, line
+
+
+def test_a_run_that_selected_wheels_alone_answered_as_the_wheels_only_run() -> None:
+    assert wheels_alone(CACHED_LOG, frozenset({"keep", "six"}))
+
+
+@pytest.mark.parametrize(("log", "why"), [
+    (CACHED_LOG + "DEBUG Selecting: held==0.2 [compatible] (held-0.2.tar.gz)\n",
+     "it selected an sdist, which a wheels-only run passes over"),
+    (CACHED_LOG.replace("DEBUG Selecting: six==1.17.0 [compatible] (six-1.17.0-py2.py3-none-any.whl)\n", ""),
+     "six, in its answer, is not among those it selected"),
+    (CACHED_LOG + "DEBUG Selecting: held 0.2 from held-0.2-py3-none-any.whl\n",
+     "a selecting line of another form"),
+    (CACHED_LOG.replace("Selecting:", "Choosing:"), "another uv's wording names no selection"),
+    ("", "an empty log proves nothing"),
+])
+def test_a_run_allowing_sdists_is_not_taken_for_the_wheels_only_run(log: str, why: str) -> None:
+    assert not wheels_alone(log, frozenset({"keep", "six"})), why
+
+
+def test_an_empty_answer_is_no_wheels_only_answer() -> None:
+    assert not wheels_alone(CACHED_LOG, frozenset())
+
+
+def test_the_pylock_of_a_run_allowing_sdists_loses_its_sdists_and_nothing_else() -> None:
+    head = 'lock-version = "1.0"\ncreated-by = "uv"\n\n[[packages]]\nname = "both"\nversion = "1.0"\n'
+    sdist_line = 'sdist = { url = "http://127.0.0.1/files/both-1.0.tar.gz", hashes = { sha256 = "aa" } }\n'
+    wheels = 'wheels = [{ url = "http://127.0.0.1/w/both-1.0-py3-none-any.whl", hashes = {sha256 = "bb"} }]\n'
+    assert without_sdists(head + sdist_line + wheels) == head + wheels
+
+
+def test_the_names_a_log_searched_are_canonical_and_markers_and_extras_dropped() -> None:
+    assert searched(CACHED_LOG) == frozenset({"keep", "six", "cuda-toolkit"})

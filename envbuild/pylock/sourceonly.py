@@ -164,6 +164,45 @@ def pinned_versions(text: str) -> dict[str, str] | None:
 
 _LOG_SEARCHED = re.compile(r"DEBUG Searching for a compatible version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _LOG_RESOLVED = re.compile(r"Resolved [0-9]+ packages? in ")
+# uv -v: "DEBUG Selecting: numpy==2.4.6 [compatible] (numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl)"
+_LOG_SELECTING = "DEBUG Selecting: "
+_LOG_SELECTED = re.compile(r"DEBUG Selecting: ([A-Za-z0-9][A-Za-z0-9._-]*)==\S+ \[[a-z -]+\] \(([^()\s]+)\)")
+
+
+def searched(log: str) -> frozenset[str]:
+    """The canonical names uv's ``-v`` log says it searched a version of (their index pages read)."""
+    return frozenset(canonicalize_name(m[1]) for m in map(_LOG_SEARCHED.match, log.splitlines()) if m)
+
+
+def wheels_alone(log: str, answer: frozenset[str]) -> bool:
+    """Whether a run allowing sdists, whose ``-v`` log is ``log`` and whose answer holds the
+    packages ``answer``, answered as the same run wheels-only (``--only-binary :all:``) would.
+
+    The two runs read the same pages and metadata and take the same decisions until uv first
+    meets a release that has an sdist and no wheel for the platform: wheels-only, uv passes it
+    over; allowing sdists, it selects it and logs so, naming the file it would use
+    (``Selecting: NAME==VERSION [compatible] (FILE)``; a wheel's metadata is read wherever a
+    release has a wheel that fits, in both). So where every release the log shows selected is
+    a wheel, no such release was met, and the wheels-only run would have answered alike. Every
+    package of the answer must be among those selected: a log that does not name them
+    (another uv's wording) proves nothing, nor does a selecting line of another form."""
+    selected: set[str] = set()
+    for line in log.splitlines():
+        if _LOG_SELECTING not in line:
+            continue
+        match = _LOG_SELECTED.fullmatch(line.strip())
+        if match is None or not match[2].endswith(".whl"):
+            return False
+        selected.add(canonicalize_name(match[1]))
+    return bool(answer) and answer <= selected
+
+
+def without_sdists(text: str) -> str:
+    """uv's pylock from a run allowing sdists, less each package's ``sdist = {…}`` line: the
+    wheels-only run's pylock where :func:`wheels_alone` holds (uv lists the wheels that fit the
+    platform either way). The caller takes it only where no package is left with an sdist or
+    without a wheel."""
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("sdist = "))
 
 
 def answered_by_cache(log: str, answer: frozenset[str], locked: frozenset[str]) -> bool:
@@ -180,13 +219,9 @@ def answered_by_cache(log: str, answer: frozenset[str], locked: frozenset[str]) 
     closure's run locked, whose page it read from the index moments ago. Every package of the
     answer must be among those searched: a log that does not name them (another uv's wording)
     proves nothing, and the survey then asks the index."""
-    searched: set[str] = set()
     for line in log.splitlines():
         if not line.strip() or _LOG_RESOLVED.match(line):
             continue
         if not line.startswith("DEBUG ") or "Sending " in line:
             return False
-        match = _LOG_SEARCHED.match(line)
-        if match is not None:
-            searched.add(canonicalize_name(match.group(1)))
-    return bool(answer) and answer <= searched <= locked
+    return bool(answer) and answer <= searched(log) <= locked

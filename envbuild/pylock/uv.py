@@ -33,7 +33,11 @@ meanwhile.
 
 The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed
 and held to the same cut-off and constraints, needs nothing of the first run's answer, and is
-compared with it afterwards. A fresh lock surveys after the first run, from uv's cache alone,
+compared with it afterwards. A fresh lock online of requirements from an index makes the survey's
+run its first (:func:`_open_closure`): where its ``-v`` log shows it selected wheels alone, the
+wheels-only run would have answered alike (sourceonly.wheels_alone) and its pylock less the sdists
+is the closure's, one run in all; else the wheels-only run follows, from uv's cache where its log
+proves that answer the index's. Any other fresh lock surveys after the first run, from uv's cache alone,
 which that run has just brought up to date (about 60 ms instead of a second round of the
 index's pages), prepared beside the first run and started at its end; it takes that answer
 only where uv's ``-v`` log shows it is the index's (:func:`answered_by_cache`: no release
@@ -228,9 +232,11 @@ class _Uv:
     live: Live = field(default_factory=Live, compare=False)
 
     def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None,
-            stop: Stop | None = None) -> str:
-        """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``)."""
-        return _run(command, cwd, self.env, self.deadline, self.spec, started, self.live, stop)
+            stop: Stop | None = None, log: str | None = None) -> str:
+        """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``, or
+        what ``log`` asks for: a RUST_LOG filter)."""
+        env = self.env if log is None else {**self.env, "RUST_LOG": log}
+        return _run(command, cwd, env, self.deadline, self.spec, started, self.live, stop)
 
     def project_in(self, cwd: Path, *, pins_only: bool = False) -> None:
         """``cwd`` made, where it is not, with the generated project in it (the pins alone
@@ -281,7 +287,10 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         survey: Answer[Pylock | None] | None = None  # the survey's answer
         online: Answer[Pylock | None] | None = None  # its run asking the index beside the closure's
         stop = Stop()
-        if not spec.all_sdists and _survey_beside(spec):
+        opens = _opens(spec)
+        if opens:  # the closure's run is the survey's (_open_closure)
+            survey = Answer()
+        elif not spec.all_sdists and _survey_beside(spec):
             survey = online = side.submit(_survey_run, run, work, stop)
             if not spec.offline:  # kept pins: the cache may answer first (_survey_raced)
                 survey = side.submit(_survey_raced, run, work, locked, online, stop)
@@ -304,8 +313,11 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                 started()
 
         try:
-            text = _closure_run(run, work, begun)
-            pylock = read_pylock(text)
+            if survey is not None and opens:
+                text, pylock = _open_closure(run, work, begun, survey)
+            else:
+                text = _closure_run(run, work, begun)[0]
+                pylock = read_pylock(text)
         except NoCompatibleStack as exc:
             locked.set_result({})  # no closure: the cache's answer is never taken
             raise _every_sdist_only(run, work, exc, online or survey) from None
@@ -543,15 +555,18 @@ def _known_names(spec: ClosureSpec) -> list[str]:
 
 
 USER_CONSTRAINTS = "project-constraints.txt"
+RESOLVER_LOG = "uv_resolver=debug"  # uv's resolver's -v lines: what it searched and selected
 SURVEY_DELAY = 0.3  # seconds between the closure's uv run and the survey's (see _survey_run)
 
 
-def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None) -> str:
-    """uv's locking run of the whole closure, with hashes: the pylock's text."""
+def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None,
+                 command: list[str] | None = None, log: str | None = None) -> tuple[str, str]:
+    """uv's locking run of the whole closure, with hashes (wheels only, unless ``command`` is
+    another one: :func:`_open_closure`'s): (the pylock's text, uv's log, as ``log`` asks)."""
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
-    command = run.command(OUTPUT, hashes=True) + _held_to(spec, work)
+    command = (command or run.command(OUTPUT, hashes=True)) + _held_to(spec, work)
     if spec.upgrade:
         command.append("--upgrade")
     for name in sorted(set(spec.upgrade_packages)):
@@ -565,10 +580,75 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
             started()
 
     try:
-        run.run(command, work, running)
+        logged = run.run(command, work, running, log=log)
     finally:
         run.live.closure_ended.set()
-    return (work / OUTPUT).read_text(encoding="utf-8")
+    return (work / OUTPUT).read_text(encoding="utf-8"), logged
+
+
+def _opens(spec: ClosureSpec) -> bool:
+    """Whether the closure's run allows sdists, being the survey's run too (:func:`_open_closure`):
+    a fresh lock (no previous pylock), online, of requirements from an index (no URL, no build-sdists)."""
+    return (not spec.all_sdists and not spec.offline and spec.previous is None and not spec.no_binary
+            and not any(Requirement(t).url for t in (*spec.torch_constraints, *spec.dependencies)))
+
+
+def _open_closure(run: _Uv, work: Path, started: Callable[[], None],
+                  survey: Answer[Pylock | None]) -> tuple[str, Pylock]:
+    """A fresh lock's closure (text, read) from one run allowing sdists, the survey's own run
+    (:func:`_survey_run`'s command, logging its resolver's decisions). Where its log shows
+    that every release it selected is a wheel (sourceonly.wheels_alone), the wheels-only run
+    would have answered alike: its answer less its sdists is the closure, and nothing is held
+    back (``survey``: None). Else ``survey`` is its answer and the wheels-only closure is asked
+    of uv's cache, which this run has just brought up to date, and of the index where the
+    cache's answer is not proven (:func:`_wheels_only`). A failing run allowing sdists is the
+    survey's failure (a note, never a failed lock); the wheels-only run then asks the index."""
+    command = run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec))
+    try:  # the resolver's debug lines alone (-v: 5 times as many, every page's every file)
+        text, log = _closure_run(run, work, started, command, log=RESOLVER_LOG)
+    except TooSlow:
+        raise
+    except EnvbuildError as exc:
+        survey.set_exception(exc)
+        (work / OUTPUT).unlink(missing_ok=True)
+        text = _closure_run(run, work)[0]
+        return text, read_pylock(text)
+    from envbuild.pylock import sourceonly  # read while uv ran (_closure_run)
+
+    wheels = sourceonly.without_sdists(text)  # the same packages: the answer's names read once
+    try:
+        pylock: Pylock | None = read_pylock(wheels)
+    except EnvbuildError:
+        pylock = None  # a package left without a file: an sdist alone
+    if pylock is not None and all(p.wheels and p.sdist is None for p in pylock.packages) \
+            and sourceonly.wheels_alone(log, frozenset(pylock.versions())):
+        survey.set_result(None)
+        return wheels, pylock
+    survey.set_result(read_pylock(text, reference=False))
+    (work / OUTPUT).unlink()  # the next run must not take its versions for preferences
+    text = _wheels_only(run, work, sourceonly.searched(log))
+    return text, read_pylock(text)
+
+
+def _wheels_only(run: _Uv, work: Path, read: frozenset[str]) -> str:
+    """The wheels-only closure's pylock after a run allowing sdists met an sdist: from uv's cache,
+    where its ``-v`` log proves that answer the index's (sourceonly.answered_by_cache; ``read``:
+    the names whose pages that run has just read); else from the index."""
+    from envbuild.pylock.sourceonly import answered_by_cache
+
+    command = [c for c in run.command(OUTPUT, hashes=True, spec=replace(run.spec, offline=True))
+               if c != "--quiet"]
+    try:
+        log = run.run([*command, *_held_to(run.spec, work), "-v"], work)
+        text = (work / OUTPUT).read_text(encoding="utf-8")
+        if answered_by_cache(log, frozenset(read_pylock(text, reference=False).versions()), read):
+            return text
+    except TooSlow:
+        raise
+    except EnvbuildError:
+        pass  # the cache could not answer
+    (work / OUTPUT).unlink(missing_ok=True)
+    return _closure_run(run, work)[0]
 
 
 def _held_to(spec: ClosureSpec, cwd: Path) -> list[str]:
