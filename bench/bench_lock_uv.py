@@ -7,7 +7,8 @@ the same index (pip's configured one, or ``--index-url``), share one warm uv cac
 a fresh output each run (no previous lock to keep pins from):
 
   envbuild   ``python -m envbuild lock --no-registry`` in the project's directory: the stack,
-             uv's locking run, the survey (what wheels-only resolution held back), the torch
+             uv's locking run and the survey (what wheels-only resolution held back: one run
+             allowing sdists where uv's log proves it answered as wheels-only would), the torch
              layer, the build's installer, the check of every file's sha256 against the
              index's pages, the lock written
   uv alone   ``uv pip compile pyproject.toml --format pylock.toml --generate-hashes`` of the
