@@ -155,9 +155,9 @@ def test_rows_cache_is_used_and_keyed_by_content(data_copy: Path, tmp_path: Path
 
 def test_the_files_hashes_are_kept_by_identity_and_a_changed_file_is_read_again(
         data_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading with a cache keeps each data file's sha256 beside its identity: a later load
-    whose files all have the same identities reads none of them (the same digest); a file
-    rewritten (same size, another byte) is read again and checked against the manifest."""
+    """Loading with a cache keeps the data files' digests beside their identities: a later load
+    whose files all have the same identities reads and hashes none of them (the same digest); a
+    file rewritten (same size, another byte) is read again and checked against the manifest."""
     cache = tmp_path / "cache"
     matrix.write_manifest(data_copy)
     first = matrix.load(data_copy, cache_dir=cache)
@@ -167,8 +167,12 @@ def test_the_files_hashes_are_kept_by_identity_and_a_changed_file_is_read_again(
     def no_reading(directory: Path) -> dict[str, bytes]:
         raise AssertionError("a data file was read")
 
+    def no_hashing(hashes: object) -> str:
+        raise AssertionError("a digest was computed")
+
     with monkeypatch.context() as patched:
         patched.setattr(matrix, "_settled_files", no_reading)
+        patched.setattr(matrix, "_digest", no_hashing)
         again = matrix.load(data_copy, cache_dir=cache)
     assert again.digest == first.digest and again.rows("gpus") == first.rows("gpus")
     matrix.load.cache_clear()

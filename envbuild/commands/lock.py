@@ -473,8 +473,11 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    upgrade=args.upgrade, upgrade_packages=tuple(args.upgrade_package),
                    offline=args.offline, installer=_installer_version(args, project, old, uv))
     cutoff = cutoff_given(args, project)
-    inputs = closure_inputs(spec, cutoff)
-    spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, inputs, args.upgrade))
+    # The closure's fingerprint: needed before uv's run only to keep a previous cut-off's instant;
+    # else made while uv runs (hashlib, and the OpenSSL it loads, ~4 ms before uv otherwise).
+    fingerprint, of = ([closure_inputs(spec, cutoff)] if cutoff is not None else []), spec
+    spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, fingerprint[0] if fingerprint else "",
+                                                      args.upgrade))
     tag = platform_tag(spec.glibc, spec.arch)
     if getattr(plan.args, "base_glibc", None):
         whose = "the base image's glibc, base-glibc"
@@ -493,6 +496,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         read_soon("envbuild.render.lockset")
         if started is not None:
             started()
+        if not fingerprint:
+            fingerprint.append(closure_inputs(of, cutoff))
 
     closure = compile_closure(spec, started=begun)
     from envbuild.render.lockset import pylock_name, sha256_text
@@ -521,7 +526,8 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     platform=platform_tag(spec.glibc, spec.arch), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
-                    inputs_sha256=inputs, exclude_newer=spec.exclude_newer)
+                    inputs_sha256=fingerprint[0] if fingerprint else closure_inputs(of, cutoff),
+                    exclude_newer=spec.exclude_newer)
     # git sources and source archives by URL are built in the image, as build-sdists' sdists are
     built = {p.name for p in pylock.packages if p.built}
     locked = replace(lock, packages=dict(sorted(closure.packages.items())), pylock=ref, pip_packages=(),

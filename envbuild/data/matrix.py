@@ -119,20 +119,18 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
     files = None
-    hashes = _remembered_hashes(directory, cache_dir)
-    if hashes is None:
-        files, hashes = _read_and_remember(directory, cache_dir)
-    key = _digest(hashes)  # the cache's: every file
+    remembered = _remembered_hashes(directory, cache_dir)
+    if remembered is None:
+        files, remembered = _read_and_remember(directory, cache_dir)
+    key, digest = remembered  # the cache's (every file), the resolved data's
     relations = _read_rows_cache(cache_dir, key)
     if relations is None:
         from envbuild.data.validate import parse_all  # only on a cache miss: regexes and yaml
 
         if files is None:
-            files, hashes = _read_and_remember(directory, cache_dir)
-            key = _digest(hashes)
+            files, (key, digest) = _read_and_remember(directory, cache_dir)
         relations = parse_all(files)
         _write_rows_cache(cache_dir, key, relations)
-    digest = _digest({name: h for name, h in hashes.items() if name not in NOT_RESOLVED})
     loaded = Matrix(directory=directory, relations=relations, digest=digest)
     if cache_dir is not None:  # where the resolver's index of these files may be kept (resolver/index.py)
         loaded.derived["cache"] = (str(cache_dir), key)
@@ -149,6 +147,12 @@ def _read_files(directory: Path) -> dict[str, bytes]:
     if manifest.is_file():
         files[MANIFEST] = manifest.read_bytes()
     return files
+
+
+def _digests(hashes: Mapping[str, bytes]) -> tuple[str, str]:
+    """(the digest of every data file, the digest of those the resolver reads), from each
+    file's sha256."""
+    return _digest(hashes), _digest({name: h for name, h in hashes.items() if name not in NOT_RESOLVED})
 
 
 def _digest(hashes: Mapping[str, bytes]) -> str:
@@ -198,9 +202,10 @@ def _kept_hashes_file(cache_dir: Path) -> str:
     return os.path.join(cache_dir, f"matrix-files.{sys.implementation.cache_tag or 'py'}.marshal")
 
 
-def _remembered_hashes(directory: Path, cache_dir: Path | None) -> dict[str, bytes] | None:
-    """The data files' sha256s as kept when ``directory``'s files were last read whole; None
-    unless every file's identity is still the one kept."""
+def _remembered_hashes(directory: Path, cache_dir: Path | None) -> tuple[str, str] | None:
+    """The data files' digests (:func:`_digests`) as kept when ``directory``'s files were last
+    read whole (no hashing, no hashlib: ~4 ms of every command's start); None unless every
+    file's identity is still the one kept."""
     if cache_dir is None:
         return None
     import marshal
@@ -213,18 +218,19 @@ def _remembered_hashes(directory: Path, cache_dir: Path | None) -> dict[str, byt
     if not (isinstance(kept, dict) and kept.get("format") == CACHE_FORMAT
             and kept.get("directory") == str(directory)):
         return None
-    identities, hashes = kept.get("identities"), kept.get("hashes")
-    if identities != _identities(directory) or not isinstance(hashes, dict):
+    identities, digests = kept.get("identities"), kept.get("digests")
+    if identities != _identities(directory) or not (
+            isinstance(digests, tuple) and len(digests) == 2 and all(isinstance(d, str) for d in digests)):
         return None
-    return hashes
+    return digests[0], digests[1]
 
 
-def _read_and_remember(directory: Path, cache_dir: Path | None) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """The data files (checked against the manifest) and their sha256s, kept in the cache where
-    no file changed while they were read."""
+def _read_and_remember(directory: Path, cache_dir: Path | None) -> tuple[dict[str, bytes], tuple[str, str]]:
+    """The data files (checked against the manifest) and their digests (:func:`_digests`), kept
+    in the cache where no file changed while they were read."""
     before = _identities(directory)
     files = _settled_files(directory)
-    hashes = _hashes(files)
+    digests = _digests(_hashes(files))
     if cache_dir is not None and _identities(directory) == before:
         import marshal
         from pathlib import Path
@@ -233,13 +239,13 @@ def _read_and_remember(directory: Path, cache_dir: Path | None) -> tuple[dict[st
         from envbuild.fs import write_file
 
         body = marshal.dumps({"format": CACHE_FORMAT, "directory": str(directory),
-                              "identities": before, "hashes": hashes})
+                              "identities": before, "digests": digests})
         try:
             os.makedirs(cache_dir, exist_ok=True)
             write_file(Path(_kept_hashes_file(cache_dir)), body, sync=False)
         except (OSError, UsageError):
             pass  # a cache is an optimisation: an unwritable home must not fail a command
-    return files, hashes
+    return files, digests
 
 
 def file_hashes(directory: Path) -> dict[str, str]:

@@ -15,7 +15,6 @@ for pip cannot carry an option.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -130,6 +129,8 @@ def classify_locked(pylock: Pylock, names: Iterable[str], *, env: Mapping[str, s
         elif offline:
             kind, why = Recorded(name=name, pure=False), "--offline: not fetched to be classified"
         else:
+            import hashlib  # only where an sdist is fetched: lock starts uv before OpenSSL loads
+
             data = get(sdist.url)
             served = hashlib.sha256(data).hexdigest()
             if served != sdist.sha256:

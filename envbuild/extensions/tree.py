@@ -15,7 +15,6 @@ build context) or a ``pyvenv.cfg`` (a virtual environment).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -149,6 +148,8 @@ def _bounded(files: dict[str, bytes], what: str) -> None:
 
 def tree_sha256(files: dict[str, bytes]) -> str:
     """sha256 over each (relative path, bytes), sorted by path, each length-prefixed."""
+    import hashlib  # a project without extensions locks without loading it (OpenSSL, ~4 ms)
+
     digest = hashlib.sha256()
     for name in sorted(files):
         encoded = name.encode("utf-8")

@@ -10,7 +10,6 @@ use, so a file accepts exactly what the flags accept.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -451,7 +450,7 @@ def project_from_text(text: str, path: Path, *, shown: str, data: bytes | None =
         registry_mirrors=dict(sorted(mirrors.items())), installer=installer,
         exclude_newer=reader.string(table, "exclude-newer", []),
         apt_snapshot=reader.string(table, "apt-snapshot", []),
-        inputs_digest=inputs_digest(files), sources=tuple(name for name, _ in files),
+        inputs=tuple(files), sources=tuple(name for name, _ in files),
     )
 
 
@@ -466,16 +465,6 @@ def project_roots(root: Path, cwd: Path) -> list[Path]:
 
 def _relative(path: Path, root: Path) -> str:
     return os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
-
-
-def inputs_digest(files: Sequence[tuple[str, bytes]]) -> str:
-    """sha256 over each (relative path, bytes), in the order given, each length-prefixed."""
-    digest = hashlib.sha256()
-    for name, data in files:
-        encoded = name.encode("utf-8")
-        digest.update(len(encoded).to_bytes(8, "big") + encoded)
-        digest.update(len(data).to_bytes(8, "big") + data)
-    return digest.hexdigest()
 
 
 def _targets(reader: _Reader, table: Mapping[str, Any]) -> tuple[Target, ...]:

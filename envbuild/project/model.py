@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from envbuild.confine import quoted
@@ -49,7 +50,8 @@ class Target:
 @dataclass(frozen=True)
 class Project:
     """A loaded project file. Paths in ``sources`` are relative to ``root`` (the project
-    file's directory); ``inputs_digest`` is the sha256 over every file read."""
+    file's directory); ``inputs`` are the files read, each (relative path, bytes), and
+    ``inputs_digest`` the sha256 over them."""
 
     path: Path
     root: Path
@@ -85,8 +87,22 @@ class Project:
     installer: str | None = None  # what the build installs the closure with: "uv" | "pip"; None: uv
     exclude_newer: str | None = None  # the cut-off as given: a timestamp or "30 days" (pylock/cutoff.py)
     apt_snapshot: str | None = None  # "YYYYMMDDTHHMMSSZ" or "auto" (render/aptsnapshot.py)
-    inputs_digest: str = ""
+    inputs: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     sources: tuple[str, ...] = ()
+
+    @cached_property
+    def inputs_digest(self) -> str:
+        """sha256 over each input (relative path, bytes), in the order read, each length-prefixed:
+        computed where it is read (the lock records it after uv's run), so that ``lock`` starts uv
+        before hashlib (and OpenSSL, ~4 ms) is loaded."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for name, data in self.inputs:
+            encoded = name.encode("utf-8")
+            digest.update(len(encoded).to_bytes(8, "big") + encoded)
+            digest.update(len(data).to_bytes(8, "big") + data)
+        return digest.hexdigest()
 
     def target(self, name: str) -> Target:
         """The target called ``name``; KeyError when there is none."""

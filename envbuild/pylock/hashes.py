@@ -9,7 +9,6 @@ that: for every file uv took from an http(s) index, the project's page on that i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import threading
@@ -181,6 +180,8 @@ class _Seen:
     def _path(self, page: str) -> Path | None:
         if self._root is None:
             return None
+        import hashlib  # first read beside uv's closure run: lock starts uv before OpenSSL loads
+
         return self._root / (hashlib.sha256(strip_credentials(page).encode("utf-8")).hexdigest() + ".json")
 
     def _read(self, page: str) -> dict[str, str]:
