@@ -187,6 +187,20 @@ def test_a_fresh_lock_that_meets_an_sdist_asks_for_the_wheels_only_closure_after
     assert kinds(log) == [("sdists", "index"), ("wheels", "cache")]
 
 
+def test_a_users_rust_log_hides_nothing_the_lock_reads(
+        tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """docs/faults.md H28: RUST_LOG=off in the user's environment would silence the -v log that
+    proves the cache's wheels-only answer (uv takes RUST_LOG over -v): it is dropped, so locked
+    again the held-back case still asks the index once."""
+    env = {**uv_env, "RUST_LOG": "off"}
+    uv, log = logging_uv(tmp_path)
+    compile_closure(hashed_spec(hashed_index, env, "keep", "held", uv=uv))
+    log.unlink()
+    again = compile_closure(hashed_spec(hashed_index, env, "keep", "held", uv=uv))
+    assert [(h.name, h.locked, h.newest) for h in again.held_back] == [("held", "0.1", "0.2")]
+    assert kinds(log) == [("sdists", "index"), ("wheels", "cache")]
+
+
 def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
         tmp_path: Path, empty_index: str, links: str, uv_env: dict[str, str]) -> None:  # noqa: F811
     """Kept pins: the closure's run reads none of the newer releases the survey takes, so the

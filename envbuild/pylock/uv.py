@@ -139,10 +139,12 @@ class Closure:
 
 
 def uv_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the UV_* variables that could change uv's answer; pip's CA bundle
-    (PIP_CERT, REQUESTS_CA_BUNDLE) handed to uv as SSL_CERT_FILE when none is set."""
-    kept = {k: v for k, v in env.items()
-            if not k.startswith("UV_") or k in UV_KEEP or _UV_CREDENTIAL.fullmatch(k)}
+    """``env`` without the UV_* variables that could change uv's answer, nor RUST_LOG (uv takes
+    it over ``-v``: a user's filter would hide the log lines that prove an answer from uv's cache,
+    and each proof failing costs the lock another run); pip's CA bundle (PIP_CERT,
+    REQUESTS_CA_BUNDLE) handed to uv as SSL_CERT_FILE when none is set."""
+    kept = {k: v for k, v in env.items() if k != "RUST_LOG"
+            and (not k.startswith("UV_") or k in UV_KEEP or _UV_CREDENTIAL.fullmatch(k))}
     bundle = pipconfig.tls_verify(env)
     if isinstance(bundle, str) and "SSL_CERT_FILE" not in kept:
         kept["SSL_CERT_FILE"] = bundle
