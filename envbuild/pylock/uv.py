@@ -289,9 +289,9 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         survey: Answer[Pylock | None] | None = None  # the survey's answer
         online: Answer[Pylock | None] | None = None  # its run asking the index beside the closure's
         stop = Stop()
-        opens = _opens(spec)
-        if opens:  # the closure's run is the survey's (_open_closure)
-            survey = Answer()
+        opened: Answer[Pylock | None] | None = Answer() if _opens(spec) else None
+        if opened is not None:  # the closure's run is the survey's (_open_closure)
+            survey = opened
         elif not spec.all_sdists and _survey_beside(spec):
             survey = online = side.submit(_survey_run, run, work, stop)
             if not spec.offline:  # kept pins: the cache may answer first (_survey_raced)
@@ -315,8 +315,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                 started()
 
         try:
-            if survey is not None and opens:
-                text, pylock = _open_closure(run, work, begun, survey)
+            if opened is not None:
+                text, pylock = _open_closure(run, work, begun, opened)
             else:
                 text = _closure_run(run, work, begun)[0]
                 pylock = read_pylock(text)
@@ -498,13 +498,19 @@ def _survey_from_cache(run: _Uv, cwd: Path, *, pylock: bool) -> tuple[str, str]:
     """(uv's -v log, its output) of the survey's run made ``--offline -v`` in ``cwd``: a
     pylock with ``pylock``, else its versions alone (requirements.txt: no hashes to read)."""
     run.project_in(cwd)
-    spec = replace(_survey_spec(run.spec), offline=True)
     output = OUTPUT if pylock else "versions.txt"
-    command = [c for c in run.command(output, hashes=pylock, spec=spec) if c != "--quiet"]  # no -q with -v
-    command += [*_held_to(run.spec, cwd), "-v"]
+    command = _logged_from_cache(run, cwd, _survey_spec(run.spec), output, hashes=pylock)
     run.live.closure_ended.wait()  # prepared beside the closure's run, started at its end
     log = run.run(command, cwd)
     return log, (cwd / output).read_text(encoding="utf-8")
+
+
+def _logged_from_cache(run: _Uv, cwd: Path, spec: ClosureSpec, output: str, *, hashes: bool) -> list[str]:
+    """uv's command for ``spec``'s run from its cache alone (``--offline``) with its ``-v`` log,
+    writing ``output`` in ``cwd``, held to the lock's cut-off and constraints."""
+    command = [c for c in run.command(output, hashes=hashes, spec=replace(spec, offline=True))
+               if c != "--quiet"]  # no -q with -v
+    return [*command, *_held_to(run.spec, cwd), "-v"]
 
 
 def _annotated(run: _Uv, work: Path, pylock: Pylock) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -638,10 +644,8 @@ def _wheels_only(run: _Uv, work: Path, read: frozenset[str]) -> str:
     the names whose pages that run has just read); else from the index."""
     from envbuild.pylock.sourceonly import answered_by_cache
 
-    command = [c for c in run.command(OUTPUT, hashes=True, spec=replace(run.spec, offline=True))
-               if c != "--quiet"]
     try:
-        log = run.run([*command, *_held_to(run.spec, work), "-v"], work)
+        log = run.run(_logged_from_cache(run, work, run.spec, OUTPUT, hashes=True), work)
         text = (work / OUTPUT).read_text(encoding="utf-8")
         if answered_by_cache(log, frozenset(read_pylock(text, reference=False).versions()), read):
             return text
