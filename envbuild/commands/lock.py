@@ -474,10 +474,9 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                    offline=args.offline, installer=_installer_version(args, project, old, uv))
     cutoff = cutoff_given(args, project)
     # The closure's fingerprint: needed before uv's run only to keep a previous cut-off's instant;
-    # else made while uv runs (hashlib, and the OpenSSL it loads, ~4 ms before uv otherwise).
-    fingerprint, of = ([closure_inputs(spec, cutoff)] if cutoff is not None else []), spec
-    spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, fingerprint[0] if fingerprint else "",
-                                                      args.upgrade))
+    # else made after it (hashlib, and the OpenSSL it loads, ~4 ms before uv otherwise).
+    inputs = closure_inputs(spec, cutoff) if cutoff is not None else None
+    spec = replace(spec, exclude_newer=_cutoff_instant(cutoff, old, inputs, args.upgrade))
     tag = platform_tag(spec.glibc, spec.arch)
     if getattr(plan.args, "base_glibc", None):
         whose = "the base image's glibc, base-glibc"
@@ -496,8 +495,6 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
         read_soon("envbuild.render.lockset")
         if started is not None:
             started()
-        if not fingerprint:
-            fingerprint.append(closure_inputs(of, cutoff))
 
     closure = compile_closure(spec, started=begun)
     from envbuild.render.lockset import pylock_name, sha256_text
@@ -526,7 +523,7 @@ def _close(args: argparse.Namespace, env: Mapping[str, str], matrix: Matrix, pro
                     platform=platform_tag(spec.glibc, spec.arch), text=closure.pylock_text,
                     installer=None if wheel is None else Installer(
                         name=wheel.name, version=wheel.version, url=wheel.url, sha256=wheel.sha256),
-                    inputs_sha256=fingerprint[0] if fingerprint else closure_inputs(of, cutoff),
+                    inputs_sha256=closure_inputs(spec, cutoff) if inputs is None else inputs,
                     exclude_newer=spec.exclude_newer)
     # git sources and source archives by URL are built in the image, as build-sdists' sdists are
     built = {p.name for p in pylock.packages if p.built}
@@ -626,7 +623,7 @@ def cutoff_given(args: argparse.Namespace, project: Project | None) -> str | Non
     return parse_cutoff(given).given
 
 
-def _cutoff_instant(given: str | None, old: Lock | None, inputs: str, upgrade: bool) -> str | None:
+def _cutoff_instant(given: str | None, old: Lock | None, inputs: str | None, upgrade: bool) -> str | None:
     """The instant the closure is resolved up to: the previous lock's, when it was locked with
     the same setting and inputs (a span stays the day it stood for, like every other pin), unless
     --upgrade; else the setting's, now."""

@@ -119,7 +119,7 @@ def _load(directory: Path, cache_dir: Path | None) -> Matrix:
         raise UsageError(f"matrices directory not found: {directory}",
                          hint="point --matrices or ENVBUILD_MATRICES at a copy of matrices/")
     files = None
-    remembered = _remembered_hashes(directory, cache_dir)
+    remembered = _remembered_digests(directory, cache_dir)
     if remembered is None:
         files, remembered = _read_and_remember(directory, cache_dir)
     key, digest = remembered  # the cache's (every file), the resolved data's
@@ -202,7 +202,7 @@ def _kept_hashes_file(cache_dir: Path) -> str:
     return os.path.join(cache_dir, f"matrix-files.{sys.implementation.cache_tag or 'py'}.marshal")
 
 
-def _remembered_hashes(directory: Path, cache_dir: Path | None) -> tuple[str, str] | None:
+def _remembered_digests(directory: Path, cache_dir: Path | None) -> tuple[str, str] | None:
     """The data files' digests (:func:`_digests`) as kept when ``directory``'s files were last
     read whole (no hashing, no hashlib: ~4 ms of every command's start); None unless every
     file's identity is still the one kept."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envbuild.confine import quoted
 from envbuild.errors import UsageError
-from envbuild.extensions.tree import Extension
+from envbuild.extensions.tree import Extension, tree_sha256
 from envbuild.fleet.placement import Placement
 from envbuild.project import INSTALLER_CHOICES as INSTALLER_CHOICES  # re-exported: config.py reads it here
 
@@ -92,17 +92,11 @@ class Project:
 
     @cached_property
     def inputs_digest(self) -> str:
-        """sha256 over each input (relative path, bytes), in the order read, each length-prefixed:
+        """sha256 over each input (relative path, bytes), each length-prefixed:
         computed where it is read (the lock records it after uv's run), so that ``lock`` starts uv
-        before hashlib (and OpenSSL, ~4 ms) is loaded."""
-        import hashlib
-
-        digest = hashlib.sha256()
-        for name, data in self.inputs:
-            encoded = name.encode("utf-8")
-            digest.update(len(encoded).to_bytes(8, "big") + encoded)
-            digest.update(len(data).to_bytes(8, "big") + data)
-        return digest.hexdigest()
+        before hashlib (and OpenSSL, ~4 ms) is loaded. The inputs are sorted by path, each read
+        once: an extension tree's digest over them."""
+        return tree_sha256(dict(self.inputs))
 
     def target(self, name: str) -> Target:
         """The target called ``name``; KeyError when there is none."""
