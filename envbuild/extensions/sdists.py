@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from envbuild.confine import CANONICAL_NAME, quoted, token
 from envbuild.errors import DataError, UsageError
@@ -26,25 +26,7 @@ from envbuild.extensions.classify import Recorded, classify
 from envbuild.pylock.files import Pylock, PylockPackage
 from envbuild.pylock.install import is_remote_url
 
-MAX_NAMES = 64
 FILE = "sdists.txt"  # under requirements/: the hash-pinned sdists the stage builds
-
-
-def check_names(names: Sequence[str], what: str) -> tuple[str, ...]:
-    """``names`` as canonical distribution names, each once; UsageError naming ``what``."""
-    if len(names) > MAX_NAMES:
-        raise UsageError(f"{what}: more than {MAX_NAMES} names")
-    found: list[str] = []
-    for name in names:
-        if len(name) > 100 or not CANONICAL_NAME.fullmatch(str(canonicalize_name(name))) \
-                or not re.fullmatch(r"[A-Za-z0-9._-]+", name, re.ASCII):
-            raise UsageError(f"{what}: {quoted(name)} is not a distribution name",
-                             hint="the name of a requirement in dependencies, as 'flash-attn'")
-        canonical = str(canonicalize_name(name))
-        if canonical in found:
-            raise UsageError(f"{what}: {quoted(name)} is named twice")
-        found.append(canonical)
-    return tuple(sorted(found))
 
 
 def _sdist_of(package: PylockPackage, where: str) -> str:

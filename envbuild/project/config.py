@@ -18,11 +18,14 @@ from typing import Any
 
 from envbuild.confine import confined, quoted, read_confined, token
 from envbuild.errors import UsageError
-from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
 from envbuild.project.model import INSTALLER_CHOICES, Project, Target, check_base_glibc
 from envbuild.project.toml import KeyPath, dotted, line_of, parse
+
+TYPE_CHECKING = False  # for the type checker only: the extension tree's module is read where
+if TYPE_CHECKING:      # a project has extensions (it is not on the way to uv's run)
+    from envbuild.extensions.tree import Extension
 
 PROJECT_FILE = "envbuild.toml"
 PYPROJECT = "pyproject.toml"
@@ -571,10 +574,13 @@ def _find_links(reader: _Reader, table: Mapping[str, Any], root: Path,
 def _extensions(reader: _Reader, table: Mapping[str, Any], root: Path) -> tuple[Extension, ...]:
     """Each declared extension directory, checked (inside the project, a Python project of
     regular files) and hashed as the lock records it."""
+    directories = reader.strings(table, "extensions", [])
+    if not directories:  # most projects: the extension tree's module is not read
+        return ()
     from envbuild.extensions.tree import extension
 
     found: list[Extension] = []
-    for i, directory in enumerate(reader.strings(table, "extensions", [])):
+    for i, directory in enumerate(directories):
         try:
             record = extension(root, directory, f"extension {quoted(directory)}")
         except UsageError as exc:
@@ -616,14 +622,36 @@ def _build_sdists(reader: _Reader, table: Mapping[str, Any]) -> tuple[tuple[str,
     locked torch, as canonical names; whether ``true`` asks for every package only an sdist
     provides). A name may be an indirect requirement: ``lock`` checks that the closure holds it
     (envbuild/extensions/sdists.py)."""
-    from envbuild.extensions.sdists import check_names
-
     if table.get("build-sdists") is True:
         return (), True
     if table.get("build-sdists") is False:
         return (), False
     names = reader.strings(table, "build-sdists", [])
     try:
-        return check_names(names, "build-sdists"), False
+        return _distribution_names(names, "build-sdists"), False
     except UsageError as exc:
         raise reader.fail(["build-sdists"], exc.message, exc.hint) from None
+
+
+MAX_NAMES = 64  # in build-sdists
+
+
+def _distribution_names(names: Sequence[str], what: str) -> tuple[str, ...]:
+    """``names`` as canonical distribution names, each once; UsageError naming ``what``."""
+    from packaging.utils import canonicalize_name
+
+    from envbuild.confine import CANONICAL_NAME
+
+    if len(names) > MAX_NAMES:
+        raise UsageError(f"{what}: more than {MAX_NAMES} names")
+    found: list[str] = []
+    for name in names:
+        if len(name) > 100 or not CANONICAL_NAME.fullmatch(str(canonicalize_name(name))) \
+                or not re.fullmatch(r"[A-Za-z0-9._-]+", name, re.ASCII):
+            raise UsageError(f"{what}: {quoted(name)} is not a distribution name",
+                             hint="the name of a requirement in dependencies, as 'flash-attn'")
+        canonical = str(canonicalize_name(name))
+        if canonical in found:
+            raise UsageError(f"{what}: {quoted(name)} is named twice")
+        found.append(canonical)
+    return tuple(sorted(found))

@@ -10,9 +10,12 @@ from pathlib import Path
 
 from envbuild.confine import quoted
 from envbuild.errors import UsageError
-from envbuild.extensions.tree import Extension, tree_sha256
 from envbuild.fleet.placement import Placement
 from envbuild.project import INSTALLER_CHOICES as INSTALLER_CHOICES  # re-exported: config.py reads it here
+
+TYPE_CHECKING = False  # for the type checker only: the extension tree's module is read where
+if TYPE_CHECKING:      # a project has extensions (it is not on the way to uv's run)
+    from envbuild.extensions.tree import Extension
 
 # base-glibc (project key, lock --base-glibc): the glibc of a custom base image, which the
 # closure's wheels are resolved for instead of the stack's Ubuntu's. uv resolves manylinux
@@ -96,6 +99,8 @@ class Project:
         computed where it is read (the lock records it after uv's run), so that ``lock`` starts uv
         before hashlib (and OpenSSL, ~4 ms) is loaded. The inputs are sorted by path, each read
         once: an extension tree's digest over them."""
+        from envbuild.extensions.tree import tree_sha256
+
         return tree_sha256(dict(self.inputs))
 
     def target(self, name: str) -> Target:

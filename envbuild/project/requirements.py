@@ -28,9 +28,11 @@ from packaging.utils import canonicalize_name
 
 from envbuild.confine import confined, quoted, read_regular, token
 from envbuild.errors import UsageError
-from envbuild.extensions.tree import Extension
 from envbuild.pylock.direct import direct_wheel, is_source
-from envbuild.pylock.sources import check_source
+
+TYPE_CHECKING = False  # for the type checker only: the extension tree's module is read where
+if TYPE_CHECKING:      # a project has extensions (it is not on the way to uv's run)
+    from envbuild.extensions.tree import Extension
 
 TORCH_NAMES = frozenset({"torch", "torchvision", "torchaudio"})
 VCS_SCHEMES = ("git+", "hg+", "svn+", "bzr+")
@@ -127,6 +129,8 @@ def check_requirement(text: str, where: Where) -> str:
     if requirement.url is not None:
         url = requirement.url.lower()
         if is_source(text):  # git by commit, a source archive by sha256: built in the image
+            from envbuild.pylock.sources import check_source
+
             check_source(text, where)
             return text
         if url.startswith(VCS_SCHEMES) or url.startswith("file:"):
@@ -368,6 +372,8 @@ def local_packages(out: Gathered, root: Path, shown: Callable[[Path], str]) -> l
     sources in the image build; their own requirements join ``out``: the chosen extras and
     ``[project] dependencies`` of their pyproject.toml, and its ``[build-system] requires``
     (the stage builds without isolation; setuptools for a setup.py without one)."""
+    if not out.local:  # most projects: the extension tree's module is not read
+        return []
     import os
 
     from envbuild.extensions.tree import PROJECT_DIR, extension

@@ -19,12 +19,12 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuild.errors import DataError, UsageError
 from envbuild.fs import write_file
-from envbuild.pylock.files import SHA256, Pylock, PylockFile, PylockPackage
 from envbuild.redact import redact, strip_credentials
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the pylock's module too: read once uv's closure run has started (uv.py)
     from concurrent.futures import Future, ThreadPoolExecutor
 
+    from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
     from envbuild.upstream.http_client import HttpClient
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -212,6 +212,8 @@ class _Seen:
 
 
 def _read_seen(path: Path | None) -> dict[str, str]:
+    from envbuild.pylock.files import SHA256
+
     if path is None:
         return {}
     try:

@@ -20,7 +20,10 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from envbuild.confine import WHEEL_LIMIT, WHEEL_NAME, confined, open_regular, quoted, token
 from envbuild.errors import UsageError
-from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
+
+TYPE_CHECKING = False  # for the type checker only: a pylock's module is read where one is read
+if TYPE_CHECKING:
+    from envbuild.pylock.files import Pylock, PylockFile, PylockPackage
 
 ARCH = "x86_64"  # the default; a linux/arm64 target's closure installs its aarch64 wheels
 ARCHES = ("x86_64", "aarch64")

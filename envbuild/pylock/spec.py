@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+PROJECT_NAME = "envbuild-closure"  # the generated project's name (envbuild/pylock/uv.py)
+
 
 @dataclass(frozen=True)
 class ClosureSpec:

@@ -85,23 +85,22 @@ from envbuild.pylock.direct import (
     is_source,
     served_sha256,
 )
-from envbuild.pylock.files import Pylock, read_pylock
 from envbuild.pylock.hashes import IndexPages
 from envbuild.pylock.install import glibc_minor, install_requirements, python_minor, supported_tags
-from envbuild.pylock.sources import archives, check_source
+from envbuild.pylock.spec import PROJECT_NAME
 from envbuild.pylock.spec import ClosureSpec as ClosureSpec  # re-exported: callers import it from here
 from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
 from envbuild.pylock.uvbin import uv_version as uv_version
-from envbuild.pylock.uvfailure import NO_WHEELS, PROJECT_NAME, uv_failure
 from envbuild.pylock.uvlive import Cancelled, Live, Stop
 from envbuild.redact import redact
 from envbuild.threads import Answer, Threads, read_soon
 from envbuild.upstream import pipconfig
 
-TYPE_CHECKING = False  # for the type checker only: the survey's module is read where it is used
+TYPE_CHECKING = False  # for the type checker only: these modules are read where they are used
 if TYPE_CHECKING:
     from typing import Any
 
+    from envbuild.pylock.files import Pylock
     from envbuild.pylock.sourceonly import HeldBack
 
 TORCH_INDEX_NAME = "envbuild-torch"
@@ -152,6 +151,14 @@ def uv_environment(env: Mapping[str, str]) -> dict[str, str]:
     return kept
 
 
+def read_pylock(text: str, *, reference: bool = True) -> Pylock:
+    """envbuild.pylock.files' reader, that module read where a pylock is first read: on a fresh
+    lock after uv's closure run has started, beside it (``compile_closure``'s ``begun``)."""
+    from envbuild.pylock.files import read_pylock as read
+
+    return read(text, reference=reference)
+
+
 def _toml_string(text: str) -> str:
     return json.dumps(text)  # a JSON string of ASCII is a TOML basic string
 
@@ -163,6 +170,8 @@ def _checked(requirements: tuple[str, ...], what: str) -> tuple[str, ...]:
         except InvalidRequirement as exc:
             raise UsageError(f"{what}: {text!r} is not a PEP 508 requirement ({exc})") from exc
         if requirement.url and is_source(text):
+            from envbuild.pylock.sources import check_source
+
             check_source(text, what)  # git by commit, a source archive: uv records them
         elif requirement.url:
             direct_wheel(text, what)  # an https wheel: uv fetches and hashes it; else UsageError
@@ -302,6 +311,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
 
         def begun() -> None:
             """What runs beside the closure's run, begun once it has started (it goes first)."""
+            read_soon("envbuild.pylock.files")  # its reader, for the closure's pylock
             if pages is not None:
                 pages.prefetch(_known_names(spec))
             # The installer's small lock first asks uv's cache alone; a cache that cannot
@@ -333,6 +343,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             check_hashes(direct_wheels(spec.dependencies),
                          {p.name: p.wheels[0].sha256 for p in pylock.packages if p.direct},
                          lambda url: served_sha256(url, env))
+            from envbuild.pylock.sources import archives
+
             check_hashes(archives(spec.dependencies),
                                  {p.name: p.sdist.sha256 for p in pylock.packages if p.by_url and p.sdist},
                                  lambda url: served_sha256(url, env))
@@ -398,6 +410,7 @@ def _every_sdist_only(run: _Uv, work: Path, failure: NoCompatibleStack,
     every package only an sdist provides, each with where it comes from, from one survey
     (``survey_run``: its run, started beside the closure's)."""
     from envbuild.pylock import sourceonly
+    from envbuild.pylock.uvfailure import NO_WHEELS
 
     if not NO_WHEELS.search(failure.message):
         return failure
@@ -866,6 +879,8 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, sp
     if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
         raise Cancelled
     if process.returncode != 0:
+        from envbuild.pylock.uvfailure import uv_failure
+
         raise uv_failure(stderr, spec)
     return stderr
 

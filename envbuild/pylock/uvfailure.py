@@ -12,10 +12,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import DataError, EnvbuildError, NoCompatibleStack
-from envbuild.pylock.spec import ClosureSpec
+from envbuild.pylock.spec import PROJECT_NAME, ClosureSpec
 from envbuild.redact import redact, server_text
-
-PROJECT_NAME = "envbuild-closure"  # the generated project's name (envbuild/pylock/uv.py)
 
 _NOISE = re.compile(r"^(hint|help|note):", re.IGNORECASE)
 # uv's words for an index that wants other credentials (its hint, or the HTTP error itself).

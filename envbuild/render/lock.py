@@ -83,8 +83,6 @@ from typing import Any
 from envbuild.confine import CANONICAL_NAME, quoted
 from envbuild.data.matrix import Matrix, Row
 from envbuild.errors import UsageError
-from envbuild.extensions.classify import Recorded, recorded_from_json
-from envbuild.extensions.tree import Extension
 from envbuild.fleet import placement as fleetmod
 from envbuild.render.values import (
     check_debian_package,
@@ -98,6 +96,11 @@ from envbuild.render.values import (
 )
 from envbuild.resolver.model import AMD64, PYTORCH_INDEX, Stack
 from envbuild.smoke.rules import is_arch, is_python_version, is_variant_selector
+
+TYPE_CHECKING = False  # for the type checker only: read where a lock records sdist kinds, extensions
+if TYPE_CHECKING:
+    from envbuild.extensions.classify import Recorded
+    from envbuild.extensions.tree import Extension
 
 SCHEMA = 1
 _VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+){0,3}", re.ASCII)
@@ -543,6 +546,8 @@ def check_lock(lock: Lock) -> None:
 def check_extensions(lock: Lock) -> None:
     """Each extension's directory plain and relative, its name canonical, its digest hex;
     only in a locked closure (the image checks its installed set against the lock)."""
+    if not (lock.extensions or lock.sdists or lock.sdist_kinds):
+        return  # nothing to check: the checkers' modules are not read (a stack's lock, before uv)
     from envbuild.extensions.classify import check_recorded
     from envbuild.extensions.sdists import check_lock_sdists
     from envbuild.extensions.tree import check_dir
@@ -730,7 +735,7 @@ def _from_mapping(data: Mapping[str, Any]) -> Lock:
         compile_toolchain=toolchain,
         extensions=tuple(_extension(raw) for raw in _list(data.get("extensions", []), "extensions")),
         sdists=tuple(_strings(data.get("sdists", []), "sdists")),
-        sdist_kinds=recorded_from_json(data.get("sdist_kinds", {})),
+        sdist_kinds=_sdist_kinds(data.get("sdist_kinds", {})),
         apt_snapshot=_optional_str(data.get("apt_snapshot"), "apt_snapshot"),
         build_env=tuple(_env_pairs(data.get("build_env", []), "build_env")),
         gpu_archs=tuple(_strings(data.get("gpu_archs", []), "gpu_archs")),
@@ -752,7 +757,17 @@ def _list(value: Any, field: str) -> list[Any]:
 _EXTENSION_KEYS = frozenset({"dir", "name", "sha256"})
 
 
+def _sdist_kinds(raw: Any) -> tuple[Recorded, ...]:
+    if raw == {}:  # most locks: the classifier's module is not read
+        return ()
+    from envbuild.extensions.classify import recorded_from_json
+
+    return recorded_from_json(raw)
+
+
 def _extension(raw: Any) -> Extension:
+    from envbuild.extensions.tree import Extension
+
     if not isinstance(raw, dict) or not _EXTENSION_KEYS <= set(raw) <= {*_EXTENSION_KEYS, "cuda"} \
             or raw.get("cuda", True) is not True:
         raise UsageError("lock 'extensions' entries need dir, name and sha256 (cuda: true optional), "
