@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import http.server
 import os
 import signal
 import subprocess
@@ -28,10 +29,12 @@ from envbuild.pylock.sourceonly import (
     answered_by_cache,
     pinned_versions,
     searched,
+    selected_name,
     wheels_alone,
     without_sdists,
 )
 from envbuild.pylock.uv import SURVEY_DELAY, ClosureSpec, compile_closure, find_uv, project_text
+from envbuild.pylock.uvlive import run_uv
 
 
 def fake_uv(tmp_path: Path, closure: str, survey: str) -> str:
@@ -364,3 +367,107 @@ def test_the_pylock_of_a_run_allowing_sdists_loses_its_sdists_and_nothing_else()
 
 def test_the_names_a_log_searched_are_canonical_and_markers_and_extras_dropped() -> None:
     assert searched(CACHED_LOG) == frozenset({"keep", "six", "cuda-toolkit"})
+
+
+def test_the_name_a_selecting_line_gives_is_canonical_and_other_lines_give_none() -> None:
+    assert selected_name("DEBUG Selecting: Typing_Extensions==4.12.2 [compatible] "
+                         "(typing_extensions-4.12.2-py3-none-any.whl)\n") == "typing-extensions"
+    assert selected_name("DEBUG Selecting: held==0.2 [compatible] (held-0.2.tar.gz)") == "held"
+    assert selected_name("DEBUG Searching for a compatible version of keep (*)") is None
+    assert selected_name("DEBUG Selecting: held 0.2 from held-0.2-py3-none-any.whl") is None
+
+
+def test_a_watched_run_hands_over_each_line_as_uv_writes_it(tmp_path: Path) -> None:
+    uv = tmp_path / "uv"
+    uv.write_text("#!/bin/sh\necho first >&2\nsleep 1\necho second >&2\n")
+    uv.chmod(0o755)
+    seen: list[tuple[float, str]] = []
+    start = time.monotonic()
+    log = run_uv([str(uv)], tmp_path, {"PATH": "/usr/bin:/bin"}, start + 60, closure_spec(str(uv)),
+                 watch=lambda line: seen.append((time.monotonic(), line)))
+    ended = time.monotonic()
+    assert log == "first\nsecond\n" and [line for _, line in seen] == ["first\n", "second\n"]
+    assert seen[0][0] < ended - 0.5  # the first line long before the run's end
+
+
+def test_a_watcher_that_fails_leaves_the_run_read_to_its_end(tmp_path: Path) -> None:
+    """200 KB of log is more than a pipe holds: a reader that stopped at the failing watcher's
+    line would leave uv blocked until the deadline."""
+    uv = tmp_path / "uv"
+    uv.write_text("#!/bin/sh\ni=0\nwhile [ $i -lt 2000 ]; do\n"
+                  "  echo \"line $i $(printf '%0100d' 0)\" >&2; i=$((i+1))\ndone\nexit 0\n")
+    uv.chmod(0o755)
+    calls: list[str] = []
+
+    def failing(line: str) -> None:
+        calls.append(line)
+        raise RuntimeError("a watcher's bug")
+
+    start = time.monotonic()
+    log = run_uv([str(uv)], tmp_path, {"PATH": "/usr/bin:/bin"}, start + 30, closure_spec(str(uv)),
+                 watch=failing)
+    assert time.monotonic() - start < 20
+    assert len(log.splitlines()) == 2000 and len(calls) == 1
+
+
+Served = tuple[float, str, str]  # a request served: (time, path, User-Agent)
+
+
+@pytest.fixture(scope="module")
+def deep_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[Served]]]:
+    """A PEP 503 index on 127.0.0.1 (sha256s, PEP 658 metadata): top 1.0 requires leaf, a name
+    no project requirement gives. Yields its /simple URL and the requests it is served, each
+    (time, path, User-Agent)."""
+    root = tmp_path_factory.mktemp("deep-index")
+    (root / "files").mkdir()
+    for name, requires in (("top", ("leaf",)), ("leaf", ())):
+        filename = f"{name}-1.0-py3-none-any.whl"
+        content = wheel(name, "1.0", requires)
+        meta = "".join(f"{line}\n" for line in ["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0",
+                                                *(f"Requires-Dist: {r}" for r in requires)]).encode()
+        (root / "files" / filename).write_bytes(content)
+        (root / "files" / f"{filename}.metadata").write_bytes(meta)
+        href = html.escape(f"../../files/{filename}#sha256={hashlib.sha256(content).hexdigest()}")
+        (root / "simple" / name).mkdir(parents=True)
+        (root / "simple" / name / "index.html").write_text(
+            f'<html><body>\n<a href="{href}" data-dist-info-metadata="sha256='
+            f'{hashlib.sha256(meta).hexdigest()}">{filename}</a>\n</body></html>\n')
+    served: list[Served] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self) -> None:
+            served.append((time.time(), self.path, self.headers.get("User-Agent", "")))
+            super().do_GET()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple", served
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fresh_lock_reads_the_pages_of_what_uv_selects_while_uv_still_runs(
+        tmp_path: Path, deep_index: tuple[str, list[Served]],
+        uv_env: dict[str, str]) -> None:  # noqa: F811
+    """The hash check needs the page of every package of the closure. leaf's name is in no
+    requirement: it is known once uv selects it, which its resolver's log says as uv runs.
+    The run's end here is held 1.5 s after uv itself has finished (stderr still open): leaf's
+    page is asked for by envbuild (its own User-Agent) before that end, not after it."""
+    index, served = deep_index
+    real, ended = find_uv(None), tmp_path / "ended"
+    wrapper = tmp_path / "uv"
+    wrapper.write_text(f'#!/bin/sh\n"{real}" "$@"\nrc=$?\nsleep 1.5\ndate +%s.%N > {ended}\nexit $rc\n')
+    wrapper.chmod(0o755)
+    got = compile_closure(hashed_spec(index, uv_env, "top", uv=str(wrapper)))
+    assert got.packages == {"leaf": "1.0", "top": "1.0"}
+    asked = [when for when, path, agent in served
+             if path.startswith("/simple/leaf") and agent.startswith("envbuild/")]
+    assert asked and min(asked) < float(ended.read_text())

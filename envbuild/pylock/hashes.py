@@ -81,11 +81,12 @@ def check_index_hashes(pylock: Pylock, index_of: Callable[[str], str], *, env: M
 class IndexPages:
     """The project pages the check reads, each fetched once, on a pool of threads.
 
-    ``prefetch`` starts fetching pages as soon as their names are known (the stack's pins and
-    the project's requirements before uv runs, a first guess of the torch layer while uv still
-    resolves), so that most pages are in when ``check`` gets the closure: the check then
-    waits only for the pages nobody could name in advance. A page fetched for a name the
-    closure does not hold is never read, and its failure is no error."""
+    ``prefetch`` starts fetching pages (or reading what a page gave before) as soon as their
+    names are known (the stack's pins and the project's requirements as uv starts; for a fresh
+    lock each release uv selects, as its resolver's log says so while it runs), so that most
+    pages are in when ``check`` gets the closure: the check then waits only for the pages
+    nobody could name in advance. A page fetched for a name the closure does not hold is never
+    read, and its failure is no error."""
 
     def __init__(self, index_of: Callable[[str], str], *, env: Mapping[str, str], timeout: float) -> None:
         from envbuild.data.matrix import cache_directory

@@ -174,6 +174,14 @@ def searched(log: str) -> frozenset[str]:
     return frozenset(canonicalize_name(m[1]) for m in map(_LOG_SEARCHED.match, log.splitlines()) if m)
 
 
+def selected_name(line: str) -> str | None:
+    """The canonical name of the release one line of uv's resolver log says it selected
+    (``Selecting: NAME==VERSION [compatible] (FILE)``), else None: read as uv writes its log,
+    so that what follows from the closure's names can begin while uv still resolves."""
+    match = _LOG_SELECTED.fullmatch(line.strip()) if _LOG_SELECTING in line else None
+    return None if match is None else canonicalize_name(match[1])
+
+
 def wheels_alone(log: str, answer: frozenset[str]) -> bool:
     """Whether a run allowing sdists, whose ``-v`` log is ``log`` and whose answer holds the
     packages ``answer``, answered as the same run wheels-only (``--only-binary :all:``) would.

@@ -64,7 +64,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -91,7 +90,7 @@ from envbuild.pylock.spec import PROJECT_NAME
 from envbuild.pylock.spec import ClosureSpec as ClosureSpec  # re-exported: callers import it from here
 from envbuild.pylock.uvbin import find_uv as find_uv  # both re-exported: callers import them from here
 from envbuild.pylock.uvbin import uv_version as uv_version
-from envbuild.pylock.uvlive import Cancelled, Live, Stop
+from envbuild.pylock.uvlive import Cancelled, Live, Stop, TooSlow, run_uv
 from envbuild.redact import redact
 from envbuild.threads import Answer, Threads, read_soon
 from envbuild.upstream import pipconfig
@@ -243,11 +242,12 @@ class _Uv:
     live: Live = field(default_factory=Live, compare=False)
 
     def run(self, command: list[str], cwd: Path, started: Callable[[], None] | None = None,
-            stop: Stop | None = None, log: str | None = None) -> str:
+            stop: Stop | None = None, log: str | None = None,
+            watch: Callable[[str], None] | None = None) -> str:
         """uv's run of ``command`` in ``cwd``: what it wrote to stderr (its log, with ``-v``, or
-        what ``log`` asks for: a RUST_LOG filter)."""
+        what ``log`` asks for: a RUST_LOG filter), each line handed to ``watch`` as uv writes it."""
         env = self.env if log is None else {**self.env, "RUST_LOG": log}
-        return _run(command, cwd, env, self.deadline, self.spec, started, self.live, stop)
+        return run_uv(command, cwd, env, self.deadline, self.spec, started, self.live, stop, watch)
 
     def project_in(self, cwd: Path, *, pins_only: bool = False) -> None:
         """``cwd`` made, where it is not, with the generated project in it (the pins alone
@@ -326,7 +326,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
 
         try:
             if opened is not None:
-                text, pylock = _open_closure(run, work, begun, opened)
+                text, pylock = _open_closure(run, work, begun, opened, pages)
             else:
                 text = _closure_run(run, work, begun)[0]
                 pylock = read_pylock(text)
@@ -575,15 +575,34 @@ def _known_names(spec: ClosureSpec) -> list[str]:
     return names
 
 
+def _prefetching(pages: IndexPages | None) -> Callable[[str], None] | None:
+    """A watcher of the closure's run's resolver log: each release uv selects has its page's
+    record read, or its page asked for, while uv still resolves (the hash check after the run
+    then waits for none of them)."""
+    if pages is None:
+        return None
+
+    def watch(line: str) -> None:
+        from envbuild.pylock.sourceonly import selected_name
+
+        name = selected_name(line)
+        if name is not None:
+            pages.prefetch([name])
+
+    return watch
+
+
 USER_CONSTRAINTS = "project-constraints.txt"
 RESOLVER_LOG = "uv_resolver=debug"  # uv's resolver's -v lines: what it searched and selected
 SURVEY_DELAY = 0.3  # seconds between the closure's uv run and the survey's (see _survey_run)
 
 
 def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None,
-                 command: list[str] | None = None, log: str | None = None) -> tuple[str, str]:
+                 command: list[str] | None = None, log: str | None = None,
+                 watch: Callable[[str], None] | None = None) -> tuple[str, str]:
     """uv's locking run of the whole closure, with hashes (wheels only, unless ``command`` is
-    another one: :func:`_open_closure`'s): (the pylock's text, uv's log, as ``log`` asks)."""
+    another one: :func:`_open_closure`'s): (the pylock's text, uv's log, as ``log`` asks, each
+    line handed to ``watch`` as uv writes it)."""
     spec = run.spec
     if spec.previous is not None:
         (work / OUTPUT).write_text(spec.previous, encoding="utf-8")
@@ -601,7 +620,7 @@ def _closure_run(run: _Uv, work: Path, started: Callable[[], None] | None = None
             started()
 
     try:
-        logged = run.run(command, work, running, log=log)
+        logged = run.run(command, work, running, log=log, watch=watch)
     finally:
         run.live.closure_ended.set()
     return (work / OUTPUT).read_text(encoding="utf-8"), logged
@@ -614,8 +633,8 @@ def _opens(spec: ClosureSpec) -> bool:
             and not any(Requirement(t).url for t in (*spec.torch_constraints, *spec.dependencies)))
 
 
-def _open_closure(run: _Uv, work: Path, started: Callable[[], None],
-                  survey: Answer[Pylock | None]) -> tuple[str, Pylock]:
+def _open_closure(run: _Uv, work: Path, started: Callable[[], None], survey: Answer[Pylock | None],
+                  pages: IndexPages | None) -> tuple[str, Pylock]:
     """A fresh lock's closure (text, read) from one run allowing sdists, the survey's own run
     (:func:`_survey_run`'s command, logging its resolver's decisions). Where its log shows
     that every release it selected is a wheel (sourceonly.wheels_alone), the wheels-only run
@@ -623,10 +642,11 @@ def _open_closure(run: _Uv, work: Path, started: Callable[[], None],
     back (``survey``: None). Else ``survey`` is its answer and the wheels-only closure is asked
     of uv's cache, which this run has just brought up to date, and of the index where the
     cache's answer is not proven (:func:`_wheels_only`). A failing run allowing sdists is the
-    survey's failure (a note, never a failed lock); the wheels-only run then asks the index."""
+    survey's failure (a note, never a failed lock); the wheels-only run then asks the index.
+    ``pages``: the hash check's, each selected release's page read as uv selects it."""
     command = run.command(OUTPUT, hashes=True, spec=_survey_spec(run.spec))
     try:  # the resolver's debug lines alone (-v: 5 times as many, every page's every file)
-        text, log = _closure_run(run, work, started, command, log=RESOLVER_LOG)
+        text, log = _closure_run(run, work, started, command, log=RESOLVER_LOG, watch=_prefetching(pages))
     except TooSlow:
         raise
     except EnvbuildError as exc:
@@ -838,57 +858,3 @@ def _layer_run(run: _Uv, layer: Path, held: dict[str, str], *, offline: bool = F
         if line:
             names.add(canonicalize_name(Requirement(line).name))
     return names
-
-
-def _run(command: list[str], cwd: Path, env: dict[str, str], deadline: float, spec: ClosureSpec,
-         started: Callable[[], None] | None = None, live: Live | None = None,
-         stop: Stop | None = None) -> str:
-    """One uv run within the deadline, its stderr; ``started`` is called once uv is running.
-    ``live``: the lock's runs, which kill this one where the lock fails elsewhere (then Cancelled);
-    ``stop``: where another thread may stop this run alone (then Cancelled)."""
-    left = deadline - time.monotonic()
-    if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
-        raise Cancelled
-    if left <= 0:
-        raise _too_slow(spec)
-    try:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-    except OSError as exc:
-        raise UsageError(f"cannot run uv ({command[0]}): {exc.strerror or exc}",
-                         hint="pip install uv") from exc
-    with process:
-        try:
-            if live is not None:
-                live.add(process)
-            if stop is not None:
-                stop.running(process)
-            if started is not None:
-                started()
-            _, stderr = process.communicate(timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            process.kill()
-            process.communicate()
-            raise _too_slow(spec) from exc
-        except BaseException:  # Ctrl-C, SIGTERM: uv goes too, as subprocess.run would see to
-            process.kill()
-            raise
-        finally:
-            if live is not None:
-                live.discard(process)
-    if (live is not None and live.cancelled) or (stop is not None and stop.stopped):
-        raise Cancelled
-    if process.returncode != 0:
-        from envbuild.pylock.uvfailure import uv_failure
-
-        raise uv_failure(stderr, spec)
-    return stderr
-
-
-class TooSlow(DataError):
-    """uv ran past the lock's deadline."""
-
-
-def _too_slow(spec: ClosureSpec) -> DataError:
-    return TooSlow(f"uv did not finish resolving the closure within {spec.timeout:g} s",
-                     hint="the index may be slow or unreachable; retry, or raise the timeout")
