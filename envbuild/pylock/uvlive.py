@@ -130,9 +130,13 @@ def run_uv(command: list[str], cwd: Path, env: dict[str, str], deadline: float, 
             if watch is None:
                 _, stderr = process.communicate(timeout=left)
             else:
+                # The log ends where uv does: its reader's end is waited for (Popen.wait with
+                # a timeout polls, up to 50 ms late), then uv's exit, which follows at once.
                 reader = _reading(process, lines, watch)
-                process.wait(timeout=left)
-                reader.join()
+                reader.join(left)
+                if reader.is_alive():
+                    raise subprocess.TimeoutExpired(command, left)
+                process.wait(timeout=max(deadline - time.monotonic(), 0.001))
                 stderr = "".join(lines)
         except subprocess.TimeoutExpired as exc:
             process.kill()
