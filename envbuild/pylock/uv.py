@@ -314,10 +314,11 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
             read_soon("envbuild.pylock.files")  # its reader, for the closure's pylock
             if pages is not None:
                 pages.prefetch(_known_names(spec))
-            # The installer's small lock first asks uv's cache alone; a cache that cannot
-            # answer, and an offline lock, make it after the closure's run.
+            # The installer's small lock first asks uv's cache alone, its wheel read and
+            # checked meanwhile; a cache that cannot answer, and an offline lock, make it
+            # after the closure's run.
             if spec.installer is not None and not spec.offline:
-                beside["cached"] = side.submit(_installer_run, run, work / "installer-cached", offline=True)
+                beside["cached"] = side.submit(_cached_installer, run, work, pages)
             # The torch layer from uv's cache (a core the closure's run leaves idle)
             if not spec.offline and spec.torch_pins:
                 beside["early"] = side.submit(_early_layer, run, work)
@@ -733,31 +734,45 @@ def _check_pins_cutoff(spec: ClosureSpec, pylock: Pylock) -> None:
 
 
 def _installer(run: _Uv, work: Path, pages: IndexPages | None,
-               cached: Answer[str] | None = None) -> InstallerWheel:
+               cached: Answer[InstallerWheel | None] | None = None) -> InstallerWheel:
     """uv at ``spec.installer`` from the default index: its wheel for the closure's platform,
     the sha256 checked against the index like every file of the closure. ``cached``: the same
-    run made from uv's cache alone; where it could not answer, the run is made online. The
-    version is exact and an index's file does not change, so the cache's answer is the index's,
-    and the check below still holds it to the index's sha256."""
+    wheel from uv's cache alone (:func:`_cached_installer`); where it could not answer, the run
+    is made online."""
     spec, default_index = run.spec, run.default_index
     assert spec.installer is not None
-    text = None
-    if cached is not None:
-        try:
-            text = cached.result()
-        except TooSlow:
-            raise
-        except EnvbuildError:
-            pass  # the cache could not answer: asked online below
-    if text is None:
-        try:
-            text = _installer_run(run, work / "installer")
-        except TooSlow:
-            raise
-        except (DataError, NoCompatibleStack):
-            raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on "
-                            f"{redact(default_index)} for {platform_tag(spec.glibc, spec.arch)}",
-                            hint="make uv available on that index, or lock with --installer pip") from None
+    wheel = None if cached is None else cached.result()
+    if wheel is not None:
+        return wheel
+    try:
+        text = _installer_run(run, work / "installer")
+    except TooSlow:
+        raise
+    except (DataError, NoCompatibleStack):
+        raise DataError(f"no wheel of uv {spec.installer} (the build's installer) on "
+                        f"{redact(default_index)} for {platform_tag(spec.glibc, spec.arch)}",
+                        hint="make uv available on that index, or lock with --installer pip") from None
+    return _installer_wheel(run, pages, text)
+
+
+def _cached_installer(run: _Uv, work: Path, pages: IndexPages | None) -> InstallerWheel | None:
+    """The installer's wheel from uv's cache alone, read and checked like the index's answer
+    while the closure's run goes on (beside it); None where the cache cannot answer. The
+    version is exact and an index's file does not change, so the cache's answer is the index's,
+    and the check still holds it to the index's sha256."""
+    try:
+        text = _installer_run(run, work / "installer-cached", offline=True)
+    except TooSlow:
+        raise
+    except EnvbuildError:
+        return None  # asked online after the closure's run
+    return _installer_wheel(run, pages, text)
+
+
+def _installer_wheel(run: _Uv, pages: IndexPages | None, text: str) -> InstallerWheel:
+    """The installer's one wheel in uv's small lock ``text``, its sha256 checked against the index."""
+    spec = run.spec
+    assert spec.installer is not None
     pylock = read_pylock(text)
     if pages is not None:  # the pages' index for "uv" is the default index: it is no pin
         pages.check(pylock)
