@@ -26,10 +26,10 @@ the first run's version (the pins' closure at fixed versions is one set); else i
 constrained to the first result, from the cache the first run has just brought up to date
 (``--offline``), and asks the index only where that cache cannot answer. The installer's own
 lock (``uv==VERSION``, an exact version whose files do not change) is asked of uv's cache alone
-beside the first run; where the cache
-cannot answer it runs online beside that second run and the hash check. Either way its sha256
-is checked against the index; the index pages of the names known in advance are fetched
-meanwhile.
+beside the first run, and its wheel read and checked there; where the cache cannot answer it
+runs online beside that second run and the hash check. Either way its sha256 is checked against
+the index; the index pages of the names known in advance are fetched meanwhile, and on a fresh
+lock the page of each release uv's resolver log says it selected, as uv runs.
 
 The survey (envbuild/pylock/sourceonly.py), a run of the same project with sdists allowed
 and held to the same cut-off and constraints, needs nothing of the first run's answer, and is
@@ -268,8 +268,9 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
     """Resolve the closure of ``spec`` with uv; see the module's docstring. ``started`` is called
     once uv's closure run has started (``lock`` asks the registry then).
 
-    What does not need the closure starts with it (the index pages of every name known in
-    advance); the installer's own small lock starts when the closure's run ends."""
+    What does not need the closure starts with it: the index pages of every name known in
+    advance and of each release uv selects (as its log says so), the installer's small lock and
+    the torch layer from uv's cache."""
     env = dict(os.environ if spec.env is None else spec.env)
     uv = find_uv(spec.uv)
     glibc_minor(spec.glibc)
