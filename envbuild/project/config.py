@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envbuild.confine import confined, quoted, read_confined, token
+from packaging.utils import canonicalize_name
+
+from envbuild.confine import CANONICAL_NAME, confined, quoted, read_confined, token
 from envbuild.errors import UsageError
 from envbuild.fleet import placement as fleet
 from envbuild.project import requirements as reqs
@@ -30,6 +32,7 @@ if TYPE_CHECKING:      # a project has extensions (it is not on the way to uv's 
 PROJECT_FILE = "envbuild.toml"
 PYPROJECT = "pyproject.toml"
 TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+MAX_NAMES = 64  # in build-sdists
 DEFAULT_TARGET = "default"
 
 FLEET_KEYS = ("nodes", "gpus-per-node", "runs-on", "slurm", "kubernetes")
@@ -633,15 +636,8 @@ def _build_sdists(reader: _Reader, table: Mapping[str, Any]) -> tuple[tuple[str,
         raise reader.fail(["build-sdists"], exc.message, exc.hint) from None
 
 
-MAX_NAMES = 64  # in build-sdists
-
-
 def _distribution_names(names: Sequence[str], what: str) -> tuple[str, ...]:
     """``names`` as canonical distribution names, each once; UsageError naming ``what``."""
-    from packaging.utils import canonicalize_name
-
-    from envbuild.confine import CANONICAL_NAME
-
     if len(names) > MAX_NAMES:
         raise UsageError(f"{what}: more than {MAX_NAMES} names")
     found: list[str] = []
