@@ -3,7 +3,9 @@ reaches it, logged in as ``docker login`` left the user.
 
 - **Where**: https first; plain http only as the fallback for a loopback registry, one in
   Docker's ``insecure-registries`` (``/etc/docker/daemon.json``), or a mirror written with
-  ``http://`` (``reference.endpoint``).
+  ``http://`` (``reference.endpoint``). Where the fallback is allowed, a bare TLS hello asks
+  first whether anything speaks TLS there (``http_client.speaks_tls``): a plain-http
+  registry is then asked over http at once, without the verified attempt's CA bundle parsed.
 - **TLS**: the registry's CA from ``/etc/docker/certs.d/<host:port>/ca.crt`` (as Docker trusts
   it), else the CA bundle the command was given, else ``SSL_CERT_FILE``, ``PIP_CERT``,
   ``REQUESTS_CA_BUNDLE``, else the system store. A certificate that fails is never answered
@@ -35,12 +37,16 @@ from envbuild.registry.reference import (
     is_loopback,
     parse_challenge,
 )
-from envbuild.upstream.http_client import HttpClient, HttpPolicy, Reply
+from envbuild.upstream.http_client import HttpClient, HttpPolicy, Reply, speaks_tls
 
 CERTS_D = Path("/etc/docker/certs.d")
 DAEMON_JSON = Path("/etc/docker/daemon.json")
 
 _NOTHING: Mapping[str, str] = {}
+# The longest a loopback or insecure registry is given to answer the TLS probe's hello (a TLS
+# server answers at once); one that does not is asked over plain http, as the https attempt's
+# failure would have led it to, and that attempt's own failure is the one reported.
+PROBE_TIMEOUT_S = 2.0
 
 
 def insecure_registries(path: Path = DAEMON_JSON) -> tuple[str, ...]:
@@ -82,6 +88,7 @@ class RegistryClient:
         self._authorization: str | None = None
         self._credentials: Credentials | None = None
         self._looked_up = False
+        self._probed = len(self.endpoint.bases) < 2  # nothing to fall back to: no TLS probe
         ca = trusted_ca(self.endpoint.host, env, ca_bundle=ca_bundle, certs_d=certs_d or CERTS_D)
         policy = HttpPolicy(connect_timeout_s=min(10.0, timeout), read_timeout_s=timeout,
                             total_timeout_s=timeout, attempts=3, backoff_s=0.5,
@@ -133,6 +140,11 @@ class RegistryClient:
         sent = dict(headers)
         if self._authorization is not None:
             sent["Authorization"] = self._authorization
+        if not self._probed:
+            self._probed = True
+            wait = min(PROBE_TIMEOUT_S, self._http.policy.connect_timeout_s)
+            if self._base == 0 and speaks_tls(self.base, timeout=wait) is False:
+                self._base = 1  # no TLS there: where the https attempt's failure would lead
         first: tuple[DataError, str] | None = None
         while True:
             try:

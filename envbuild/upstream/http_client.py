@@ -401,6 +401,53 @@ def is_verification_failure(exc: BaseException) -> bool:
         or "doesn't match" in text or "hostname mismatch" in text.lower()
 
 
+def speaks_tls(url: str, *, timeout: float) -> bool | None:
+    """Whether the server of an https ``url`` answers a TLS hello within ``timeout`` seconds
+    (connect and handshake together): True where it does (or refuses it with a TLS alert);
+    False where nothing answers so: a plain-http server's reply, a hang-up, silence (a TLS
+    server answers a hello at once; an HTTP server may wait for a line), no listener; None
+    where it was not asked: a proxy is in the way, or ``url`` is not https.
+
+    Nothing is verified (no CA is loaded, no request follows on this connection): the probe
+    costs a connection where a verified attempt at a plain-http server first parses the whole
+    CA bundle (~35 ms of CPU that holds the interpreter lock, beside uv's run in ``lock``)
+    only to meet an HTTP reply. A caller still verifies every connection it makes over TLS."""
+    import ssl
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 443
+    except ValueError:
+        return None
+    if parts.scheme != "https" or not parts.hostname \
+            or requests.utils.get_environ_proxies(url):  # the session would go through the proxy
+        return None
+    hello = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    hello.check_hostname = False
+    hello.verify_mode = ssl.CERT_NONE
+    with _Deadline(timeout) as deadline:
+        try:
+            raw = socket.create_connection((parts.hostname, port), timeout=timeout)
+        except OSError:  # refused, unreachable, no such name, no answer
+            return False
+        with raw:
+            deadline.watch(_Held(raw))  # a server trickling its hello is cut at the deadline
+            try:
+                with hello.wrap_socket(raw, server_hostname=parts.hostname):
+                    return True
+            except ssl.SSLError as exc:  # an alert is TLS spoken; a record that is not TLS is not
+                return not deadline.expired and "ALERT" in str(exc.reason or "")
+            except OSError:  # reset, closed, or silent past the deadline
+                return False
+
+
+class _Held:
+    """One raw socket, for :class:`_Deadline` to shut down (as it does a pool's connection's)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
