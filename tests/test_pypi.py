@@ -596,7 +596,8 @@ def test_pips_default_read_from_its_source_is_the_one_pip_imported_gives() -> No
     assert pipconfig.pip_default_index_url() == PyPI.simple_url
 
 
-def test_pips_default_written_otherwise_is_read_from_pip_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pips_default_written_otherwise_is_read_from_pip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(from pip imported in a second Python: tests/test_pipconfig_pip.py says why)"""
     from pip._internal.models.index import PyPI
 
     monkeypatch.setattr(pipconfig, "_PIP_DEFAULT", re.compile(r"^a line pip never writes$"))

@@ -4,7 +4,6 @@ pip's default; and what to verify its TLS against."""
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import re
 import subprocess
@@ -136,18 +135,21 @@ def parse_pip_config_list(text: str) -> dict[str, str]:
 
 def pip_default_index_url() -> str | None:
     """The index pip uses when nothing is configured, read from pip itself (not an API): from
-    its source where it is written as pip 20 to 26 write it, else from pip imported (pip's
-    import brings ``logging``: ~4 ms of ``lock`` before uv starts, on a thread sharing the
-    interpreter lock)."""
+    its source where it is written as pip 20 to 26 write it, else from a second Python that
+    imports pip (~0.3 s; pip imported here would be found through the meta-path finders,
+    which :func:`_pip_directory` explains this thread must not run). None where unknown."""
     written = _written_default_index_url()
     if written is not None:
         return written
-    try:
-        module = importlib.import_module("pip._internal.models.index")
-        url = module.PyPI.simple_url
-    except Exception:  # pip's internals may move or be absent: "unknown", not a crash
+    command = [sys.executable, "-I", "-c",
+               "from pip._internal.models.index import PyPI; print(PyPI.simple_url)"]
+    try:  # -I: the interpreter's own sys.path, no directory of the caller's, no PYTHON* variable
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_CONFIG_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    return url if isinstance(url, str) else None
+    url = done.stdout.strip() if done.returncode == 0 else ""
+    return url if re.fullmatch(r"https?://\S+", url) else None
 
 
 # pip's models/index.py: ``PyPI = PackageIndex("https://…/", file_storage_domain=…)``, whose
@@ -158,23 +160,37 @@ _PIP_DEFAULT = re.compile(r'^PyPI = PackageIndex\(\s*"(https://[A-Za-z0-9.-]+/)"
 def _written_default_index_url() -> str | None:
     """pip's default index as its models/index.py writes it, read without importing pip;
     None where the file is not found or not written that way."""
-    from importlib.util import find_spec  # finding a package runs none of its code
-
+    directory = _pip_directory()
+    if directory is None:
+        return None
     try:
-        spec = find_spec("pip")
-        origin = spec.origin if spec is not None else None
-        if origin is None:
-            return None
-        with open(os.path.join(os.path.dirname(origin), "_internal", "models", "index.py"),
-                  encoding="utf-8") as handle:
+        with open(os.path.join(directory, "_internal", "models", "index.py"), encoding="utf-8") as handle:
             found = _PIP_DEFAULT.search(handle.read(64 * 1024))
-    except (OSError, ImportError, ValueError):
+    except (OSError, ValueError):
         return None
     if found is None:
         return None
     from urllib.parse import urljoin
 
     return urljoin(found[1], "simple")
+
+
+def _pip_directory() -> str | None:
+    """pip's package directory: the first ``sys.path`` directory holding ``pip/__init__.py``,
+    as the path finder finds a package, but without the import system. ``lock`` asks this on a
+    thread while its main thread imports, and ``importlib.util.find_spec("pip")`` runs every
+    meta-path finder under the global import lock; setuptools' ``_distutils_hack`` (installed
+    with setuptools) then imports ``traceback`` there on Python 3.11, which deadlocks against
+    a main thread importing ``traceback`` (seen here: a lock that hung for good). The working
+    directory is not searched: a project's own ``pip/`` must not name the default index."""
+    here = os.path.realpath(os.getcwd())
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry) or os.path.realpath(entry) == here:
+            continue
+        directory = os.path.join(entry, "pip")
+        if os.path.isfile(os.path.join(directory, "__init__.py")):
+            return directory
+    return None
 
 
 def tls_verify(env: Mapping[str, str]) -> str | bool:
