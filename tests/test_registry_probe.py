@@ -119,7 +119,8 @@ def ca(tmp_path: Path) -> tuple[Any, ssl.SSLContext, Path]:
 
 @pytest.fixture(autouse=True)
 def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "http_proxy", "HTTP_PROXY"):
+    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "http_proxy", "HTTP_PROXY",
+                 "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
 
 
