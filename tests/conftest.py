@@ -72,6 +72,26 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@contextlib.contextmanager
+def served(handler: type[Any], tls: Any = None) -> Iterator[str]:
+    """An ``http.server`` handler class served on a free 127.0.0.1 port from a daemon thread
+    (``tls``: an ``ssl.SSLContext`` for the server side: https, each handshake in its handler's
+    thread); yields "127.0.0.1:PORT", and shuts the server down on leaving."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def registry_binary() -> str:
     """Debian's ``docker-registry``; skip without it, unless ENVBUILD_REQUIRE_DOCKER (CI) is set."""
     import os

@@ -8,7 +8,6 @@ import contextlib
 import http.server
 import json
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import served
 from fleet_lock import IMAGE, matching_lock, write_lock
 from test_lock_command import env, indexes, project, run  # noqa: F401 (fixtures used below)
 from test_project import refused
@@ -103,14 +103,8 @@ def recording_server(route: Callable[[str, str], tuple[int, dict[str, str], byte
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(Handler) as host:
+        yield host, seen
 
 
 def _everything(seen: list[dict[str, Any]]) -> str:

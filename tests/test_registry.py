@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
-from conftest import push_image, run_registry
+from conftest import push_image, run_registry, served
 
 from envbuild.errors import DataError, EnvbuildError, UsageError
 from envbuild.registry import reference as registry
@@ -593,14 +593,8 @@ def token_server(issuer: TokenIssuer) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/token"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(Handler) as host:
+        yield f"http://{host}/token"
 
 
 @pytest.mark.docker

@@ -19,7 +19,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import schemas
-from conftest import run_registry
+from conftest import run_registry, served
 
 from envbuild.commands import cli
 from envbuild.engine.publish import push_failed, tag_digest
@@ -338,17 +337,10 @@ def bearer_registry(ca: Any, seen: list[dict[str, Any]]) -> Iterator[str]:
 
         do_HEAD = do_GET
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(Handler, context) as host:
+        yield host
 
 
 def test_bearer_tokens_with_a_password_or_an_identity_token(ca: Any, tmp_path: Path) -> None:

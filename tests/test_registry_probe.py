@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import served
 
 from envbuild.registry.client import RegistryClient
 from envbuild.upstream.http_client import speaks_tls
@@ -62,16 +63,8 @@ def _handler(seen: _Seen) -> type[http.server.BaseHTTPRequestHandler]:
 def registry(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, _Seen]]:
     """A one-manifest registry on 127.0.0.1, plain HTTP or (``tls``) HTTPS: (host:port, seen)."""
     seen = _Seen()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(seen))
-    if tls is not None:  # each connection's handshake in its own handler thread
-        server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(_handler(seen), tls) as host:
+        yield host, seen
 
 
 @contextlib.contextmanager
