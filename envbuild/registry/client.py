@@ -143,7 +143,7 @@ class RegistryClient:
         if not self._probed:
             self._probed = True
             wait = min(PROBE_TIMEOUT_S, self._http.policy.connect_timeout_s)
-            if self._base == 0 and speaks_tls(self.base, timeout=wait) is False:
+            if speaks_tls(self.base, timeout=wait) is False:  # (self._base is still 0)
                 self._base = 1  # no TLS there: where the https attempt's failure would lead
         first: tuple[DataError, str] | None = None
         while True:

@@ -136,9 +136,11 @@ _ACTIVE = _Active()
 
 
 def _shut(connection: object) -> None:
-    """Shut a connection's socket down from another thread: a blocked recv returns at once.
-    ``socket.socket.shutdown`` itself, not ``SSLSocket``'s, so the TLS state is left alone."""
-    for sock in (getattr(connection, "sock", None), getattr(connection, "_envbuild_socket", None)):
+    """Shut a connection's socket (or a raw socket) down from another thread: a blocked recv
+    returns at once. ``socket.socket.shutdown`` itself, not ``SSLSocket``'s, so the TLS state
+    is left alone."""
+    for sock in (connection, getattr(connection, "sock", None),
+                 getattr(connection, "_envbuild_socket", None)):
         if isinstance(sock, socket.socket):
             # OSError: not connected yet, or closed, or handed over to the TLS socket.
             with contextlib.suppress(OSError):
@@ -431,7 +433,7 @@ def speaks_tls(url: str, *, timeout: float) -> bool | None:
         except OSError:  # refused, unreachable, no such name, no answer
             return False
         with raw:
-            deadline.watch(_Held(raw))  # a server trickling its hello is cut at the deadline
+            deadline.watch(raw)  # a server trickling its hello is cut at the deadline
             try:
                 with hello.wrap_socket(raw, server_hostname=parts.hostname):
                     return True
@@ -439,13 +441,6 @@ def speaks_tls(url: str, *, timeout: float) -> bool | None:
                 return not deadline.expired and "ALERT" in str(exc.reason or "")
             except OSError:  # reset, closed, or silent past the deadline
                 return False
-
-
-class _Held:
-    """One raw socket, for :class:`_Deadline` to shut down (as it does a pool's connection's)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
 
 
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
