@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,7 +23,7 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urljoin, urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
+from requests.adapters import DEFAULT_CA_BUNDLE_PATH, HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -34,6 +35,7 @@ from envbuild.upstream.pipconfig import tls_verify
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from requests.adapters import _HostParams, _PoolKwargs
     from urllib3._base_connection import BaseHTTPConnection
 
 # HTTP statuses worth another try: rate limiting and transient server trouble.
@@ -182,12 +184,67 @@ class _WatchedHTTPSPool(HTTPSConnectionPool):
 
 
 class _WatchedAdapter(HTTPAdapter):
-    """requests' adapter with pools whose connections the active deadline can shut down."""
+    """requests' adapter with pools whose connections the active deadline can shut down, and
+    one verifying TLS context per CA bundle: left to urllib3, every new connection parses the
+    whole bundle again (~25-35 ms of CPU for a system bundle; eight at once where the hash
+    check reads eight index pages). Its settings are urllib3's own for a verified connection;
+    a bundle that cannot be loaded takes urllib3's path as before, which reports it."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[str, ssl.SSLContext | None] = {}
+        self._contexts_lock = threading.Lock()
+        super().__init__()
 
     def init_poolmanager(self, *args: object, **kwargs: object) -> None:
         super().init_poolmanager(*args, **kwargs)  # type: ignore[arg-type]
         self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
                                                    "https": _WatchedHTTPSPool}
+
+    def build_connection_pool_key_attributes(
+            self, request: requests.PreparedRequest, verify: bool | str,
+            cert: str | tuple[str, str] | None = None) -> tuple[_HostParams, _PoolKwargs]:
+        host, pool = super().build_connection_pool_key_attributes(request, verify, cert)
+        context = self._context(host["scheme"], verify, cert)
+        if context is not None:  # requests' documented way to give a context of one's own
+            pool.pop("ca_certs", None)
+            pool.pop("ca_cert_dir", None)
+            pool["ssl_context"] = context
+        return host, pool
+
+    def cert_verify(self, conn: HTTPConnectionPool, url: str, verify: bool | str,
+                    cert: str | tuple[str, str] | None) -> None:
+        super().cert_verify(conn, url, verify, cert)  # type: ignore[no-untyped-call]  # its checks kept
+        if isinstance(conn, HTTPSConnectionPool) and self._context(urlsplit(url).scheme, verify, cert):
+            conn.ca_certs = conn.ca_cert_dir = None  # in the pool's context already
+
+    def _context(self, scheme: str, verify: bool | str, cert: object) -> ssl.SSLContext | None:
+        """The verifying context for ``verify`` (a bundle's path, or True: requests' default
+        bundle), made once; None for plain http, no verification or a client certificate."""
+        if scheme.lower() != "https" or not verify or cert:
+            return None
+        where = verify if isinstance(verify, str) else DEFAULT_CA_BUNDLE_PATH
+        with self._contexts_lock:
+            if where not in self._contexts:
+                self._contexts[where] = _verifying_context(where)
+            return self._contexts[where]
+
+
+def _verifying_context(where: str) -> ssl.SSLContext | None:
+    """urllib3's context for a verified connection with the bundle (file or directory) at
+    ``where`` loaded; None where it cannot be read or parsed (urllib3 then says why)."""
+    import os
+
+    from urllib3.util.ssl_ import create_urllib3_context
+
+    context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED)
+    try:
+        if os.path.isdir(where):
+            context.load_verify_locations(capath=where)
+        else:
+            context.load_verify_locations(cafile=where)
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
+        return None
+    return context
 
 
 class HttpClient:
@@ -414,7 +471,6 @@ def speaks_tls(url: str, *, timeout: float) -> bool | None:
     costs a connection where a verified attempt at a plain-http server first parses the whole
     CA bundle (~35 ms of CPU that holds the interpreter lock, beside uv's run in ``lock``)
     only to meet an HTTP reply. A caller still verifies every connection it makes over TLS."""
-    import ssl
 
     parts = urlsplit(url)
     try:
