@@ -4,7 +4,8 @@ A sample project of about 100 distributions: torch 2.13.0 (the package index's w
 nvidia-* libraries) and 19 common dependencies (requests, pandas, scipy, scikit-learn,
 matplotlib, aiohttp, fastapi, transformers, …), Python 3.11, no companions. Both sides read
 the same index (pip's configured one, or ``--index-url``), share one warm uv cache and write
-a fresh output each run (no previous lock to keep pins from):
+a fresh output each run (no previous lock to keep pins from; ``--relock``: each run over the
+previous one's output, whose pins both keep, as a team locks again):
 
   envbuild   ``python -m envbuild lock --no-registry`` in the project's directory: the stack,
              uv's locking run and the survey (what wheels-only resolution held back: one run
@@ -25,7 +26,7 @@ second envbuild tree (e.g. an older commit, from ``git archive``) in the same ro
 ``--base-digest`` locks with the base image pinned by digest from a docker-registry started on
 127.0.0.1 (the base pushed there first) instead of ``--no-registry``.
 Needs the configured package index (network). Usage:
-  python bench/bench_lock_uv.py [--rounds 7] [--index-url URL] [--also DIR] [--base-digest]
+  python bench/bench_lock_uv.py [--rounds 7] [--index-url URL] [--also DIR] [--base-digest] [--relock]
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[tuple[flo
     return (took, cpu), done
 
 
-def envbuild_lock(directory: Path, tree: Path, extra: list[str]) -> Callable[[], tuple[float, float]]:
+def envbuild_lock(directory: Path, tree: Path, extra: list[str],
+                  relock: bool = False) -> Callable[[], tuple[float, float]]:
     def once() -> tuple[float, float]:
         for name in ("envbuild.lock", "pylock.toml"):
-            (directory / name).unlink(missing_ok=True)
+            if not relock:
+                (directory / name).unlink(missing_ok=True)
         # Each tree its own envbuild cache (the resolver's kept index is valid for the code
         # that wrote it: two trees sharing one would each rebuild it every run).
         took, done = timed([sys.executable, "-m", "envbuild", "lock", *extra], directory,
@@ -103,8 +106,10 @@ def envbuild_lock(directory: Path, tree: Path, extra: list[str]) -> Callable[[],
     return once
 
 
-def uv_compile(directory: Path, lock: dict[str, object], index: str) -> Callable[[], tuple[float, float]]:
-    """uv pip compile of the project envbuild generates for the locked target's pins."""
+def uv_compile(directory: Path, lock: dict[str, object], index: str,
+               relock: bool = False) -> Callable[[], tuple[float, float]]:
+    """uv pip compile of the project envbuild generates for the locked target's pins
+    (``relock``: its previous output kept, whose pins uv prefers)."""
     stack = lock["stack"]
     assert isinstance(stack, dict)
     pylock = lock["pylock"]
@@ -122,7 +127,8 @@ def uv_compile(directory: Path, lock: dict[str, object], index: str) -> Callable
     env = uv_environment(os.environ)
 
     def once() -> tuple[float, float]:
-        (directory / "pylock.toml").unlink(missing_ok=True)
+        if not relock:
+            (directory / "pylock.toml").unlink(missing_ok=True)
         took, done = timed(command, directory, env)
         if done.returncode != 0:
             sys.exit(f"bench_lock_uv: uv pip compile failed: {done.stderr[-2000:]}")
@@ -137,6 +143,8 @@ def main() -> int:
     parser.add_argument("--also", type=Path, help="another envbuild tree to time in the same rounds")
     parser.add_argument("--base-digest", action="store_true",
                         help="pin the base by digest from a loopback docker-registry (else --no-registry)")
+    parser.add_argument("--relock", action="store_true",
+                        help="lock again over the previous output (its pins kept), on both sides")
     args = parser.parse_args()
     index = args.index_url or index_url(None, os.environ)
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-lockuv-") as scratch:
@@ -171,11 +179,11 @@ def measure(args: argparse.Namespace, root: Path, base: str, index: str, extra: 
         work.mkdir()
         compile_package(tree.resolve() / "envbuild")  # as installed: no module compiled per run
         project(work, base, args.index_url)
-        sides[name] = envbuild_lock(work, tree.resolve(), extra)
+        sides[name] = envbuild_lock(work, tree.resolve(), extra, args.relock)
     sides["envbuild"]()  # fills the uv cache: every run below is warm
     lock = json.loads((root / "envbuild" / "envbuild.lock").read_text())["targets"]["default"]
     (root / "uv").mkdir()
-    sides["uv alone"] = uv_compile(root / "uv", lock, index)
+    sides["uv alone"] = uv_compile(root / "uv", lock, index, args.relock)
     for once in sides.values():
         once()  # a warm-up of each side
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
@@ -190,7 +198,8 @@ def measure(args: argparse.Namespace, root: Path, base: str, index: str, extra: 
     layer = len(lock["pylock"]["torch_layer"])
     print(f"closure         {len(lock['packages'])} distributions in envbuild's lock ({layer} "
           f"in the torch layer); uv alone: {uv_distributions}; base "
-          f"{'by digest (loopback registry)' if not extra else 'a tag (--no-registry)'}")
+          f"{'by digest (loopback registry)' if not extra else 'a tag (--no-registry)'}"
+          f"{'; each run over the previous output (--relock)' if args.relock else ''}")
     print(f"load average    {min(loads):.2f} to {max(loads):.2f} (1 min) over {args.rounds} "
           f"interleaved rounds, {os.cpu_count()} cores")
     # Medians of the runs that did not wait on the name resolver's retry (all, where every one did).

@@ -61,6 +61,7 @@ written but the temporary directory, which is removed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -281,7 +282,7 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                        python=spec.python, platform=platform_tag(spec.glibc, spec.arch))
     default_index = spec.default_index or pipconfig.index_url(None, env)
     if spec.previous is not None:
-        read_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
+        _previous_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
     run = _Uv(uv=uv, spec=spec, default_index=default_index, env=uv_environment(env),
               deadline=time.monotonic() + spec.timeout)
     # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
@@ -399,7 +400,14 @@ def _kept_pins(spec: ClosureSpec) -> dict[str, str]:
     if spec.previous is None or spec.upgrade:
         return {}
     upgraded = {canonicalize_name(n) for n in spec.upgrade_packages}
-    return {n: v for n, v in read_pylock(spec.previous).versions().items() if n not in upgraded}
+    return {n: v for n, v in _previous_pylock(spec.previous).versions().items() if n not in upgraded}
+
+
+@functools.lru_cache(maxsize=2)
+def _previous_pylock(text: str) -> Pylock:
+    """The previous pylock, read once: it is checked, then its pins asked for, before uv's
+    closure run and after it (a Pylock is frozen: one object serves each)."""
+    return read_pylock(text)
 
 
 def _shortened(text: str, limit: int = 240) -> str:
