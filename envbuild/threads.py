@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["Answer", "Threads", "begin", "read_soon"]
+__all__ = ["Answer", "Threads", "begin", "read_soon", "yield_cpu"]
 
 T = TypeVar("T")
 
@@ -81,6 +81,23 @@ def read_soon(*modules: str) -> None:
             importlib.import_module(module)
 
     begin(read, name="envbuild-import")
+
+
+def yield_cpu(nice: int = 10) -> None:
+    """The calling thread, and every process it starts from now on (a child inherits it),
+    ``nice`` steps lower in the CPU's priority: work beside uv's closure run that is only
+    wanted if it wins no race against that run must not slow it on a contended core. Linux
+    keeps a nice value per thread, so the other threads keep theirs; elsewhere, or where the
+    kernel refuses, nothing changes."""
+    import contextlib
+    import os
+    import sys
+
+    if sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nice)
 
 
 class Threads:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.threads import Answer, Threads, begin, read_soon
+from envbuild.threads import Answer, Threads, begin, read_soon, yield_cpu
 
 
 def test_an_answer_is_its_value_or_raises_its_exception() -> None:
@@ -64,3 +64,21 @@ def test_modules_read_soon_are_imported_on_a_thread_of_their_own(tmp_path: Path,
         if thread.name == "envbuild-import":
             thread.join(10)
     assert sys.modules["envbuild_read_soon_probe"].THREAD == "envbuild-import"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a nice value per thread is Linux's")
+def test_yield_cpu_lowers_its_thread_and_what_it_starts_and_no_other_thread() -> None:
+    import os
+    import subprocess
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def lowered() -> tuple[int, int]:
+        yield_cpu()
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                               capture_output=True, text=True, check=True)
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), int(child.stdout)
+
+    assert begin(lowered).result(timeout=60) == (min(base + 10, 19),) * 2
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    assert begin(os.getpriority, os.PRIO_PROCESS, 0).result(timeout=10) == base  # a new thread: as before

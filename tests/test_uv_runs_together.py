@@ -224,6 +224,35 @@ def test_a_lock_keeping_previous_pins_surveys_beside_the_closures_run(
     assert all(s[0] >= closure[1] for s in surveys if s[2] == "cache")
 
 
+def test_only_the_survey_raced_against_the_cache_runs_at_a_lower_priority(
+        tmp_path: Path, empty_index: str, links: str, uv_env: dict[str, str]) -> None:  # noqa: F811
+    """Kept pins: the survey asking the index is a whole resolution beside the closure's run,
+    wanted only where the cache cannot prove its answer; on two cores it took CPU from that run
+    (a re-lock's closure run 34 ms faster with it at nice 10, 41 rounds). The closure's run,
+    the cache's survey and the lock's own thread keep their priority."""
+    first = compile_closure(spec(empty_index, links, uv_env, "keep==1.0", "held"))
+    log, real = tmp_path / "nice.log", find_uv(None)
+    wrapper = tmp_path / "uv"
+    wrapper.write_text(f"#!/bin/sh\necho \"$(awk '{{print $19}}' /proc/$$/stat) $*\" >> {log}\n"
+                       f'exec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    got = compile_closure(spec(empty_index, links, uv_env, "keep", "held", uv=str(wrapper),
+                               previous=first.pylock_text))
+    assert [(h.name, h.locked, h.newest) for h in got.held_back] == [("held", "0.1", "0.2")]
+    runs = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    def survey_online(args: str) -> bool:  # sdists allowed, a pylock, the index asked
+        return "--only-binary" not in args and "--offline" not in args and "-o pylock.toml" in args
+
+    online = [int(nice) for nice, args in runs if survey_online(args)]
+    rest = [(int(nice), args) for nice, args in runs if not survey_online(args)]
+    assert online == [min(base + 10, 19)], runs
+    assert {nice for nice, _ in rest} == {base}, runs
+    assert any("--only-binary" in args and "-o pylock.toml" in args and "--offline" not in args
+               for _, args in rest), runs  # the closure's run among them
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
 def test_a_lock_keeping_previous_pins_takes_the_caches_proven_answer_without_waiting_for_the_index(
         tmp_path: Path, hashed_index: str, uv_env: dict[str, str]) -> None:  # noqa: F811
     """Kept pins, nothing newer: the cache's answer (the closure's own versions) is proven the
