@@ -196,6 +196,23 @@ def test_same_inputs_same_bytes(index: Index, uv_env: dict[str, str], tmp_path: 
     assert cold.pylock_text.encode() == first.pylock_text.encode()
 
 
+def test_a_previous_pylock_only_pep_751s_reader_refuses_is_refused_as_before(
+        index: Index, uv_env: dict[str, str]) -> None:
+    """The previous pylock is read before uv's closure run without PEP 751's reference reader
+    (its import and half the time); that reader checks it beside the run. A file only it
+    refuses (a wheel named for another version) is the same UsageError, naming the field."""
+    first = compile_closure(spec(index, uv_env))
+    idna = re.search(r'name = "idna"\nversion = "([^"]+)"', first.pylock_text)
+    assert idna is not None
+    tampered = first.pylock_text.replace(idna[0], f'name = "idna"\nversion = "{idna[1]}.1"')
+    read_pylock(tampered, reference=False)  # the reader's own checks let it through
+    with pytest.raises(UsageError) as refused:
+        read_pylock(tampered)
+    with pytest.raises(UsageError) as raised:
+        compile_closure(spec(index, uv_env, previous=tampered))
+    assert raised.value.message == refused.value.message and "pylock:" in raised.value.message
+
+
 def test_previous_pins_kept_unless_upgraded(index: Index, uv_env: dict[str, str]) -> None:
     old = compile_closure(spec(index, uv_env, dependencies=("requests", "filelock==3.0.0", "idna==3.0")))
     assert (old.packages["filelock"], old.packages["idna"]) == ("3.0.0", "3.0")

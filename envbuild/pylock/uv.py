@@ -281,8 +281,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         check_platform(wheels, supported_tags(spec.python, spec.glibc, spec.arch),
                        python=spec.python, platform=platform_tag(spec.glibc, spec.arch))
     default_index = spec.default_index or pipconfig.index_url(None, env)
-    if spec.previous is not None:
-        _previous_pylock(spec.previous)  # a broken previous lock: UsageError naming the field
+    if spec.previous is not None:  # a broken previous lock: UsageError naming the field
+        _previous_pylock(spec.previous)
     run = _Uv(uv=uv, spec=spec, default_index=default_index, env=uv_environment(env),
               deadline=time.monotonic() + spec.timeout)
     # Leaving the block, ``run.live`` first kills what still runs where the lock failed or was
@@ -314,6 +314,8 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
         def begun() -> None:
             """What runs beside the closure's run, begun once it has started (it goes first)."""
             read_soon("envbuild.pylock.files")  # its reader, for the closure's pylock
+            if spec.previous is not None:  # PEP 751's reference reader too (packaging.pylock)
+                beside["previous"] = side.submit(read_pylock, spec.previous)
             if pages is not None:
                 pages.prefetch(_known_names(spec))
             # The installer's small lock first asks uv's cache alone, its wheel read and
@@ -335,10 +337,14 @@ def compile_closure(spec: ClosureSpec, *, started: Callable[[], None] | None = N
                 pylock = read_pylock(text)
         except NoCompatibleStack as exc:
             locked.set_result({})  # no closure: the cache's answer is never taken
+            _previous_refused(beside)
             raise _every_sdist_only(run, work, exc, online or survey) from None
-        except BaseException:
+        except BaseException as exc:
             locked.set_exception(Cancelled())
+            if isinstance(exc, Exception):  # uv's failure may be the broken pylock it was given
+                _previous_refused(beside)
             raise
+        _previous_refused(beside)
         locked.set_result(pylock.versions())
         cached, early = beside.get("cached"), beside.get("early")
         installer = None if spec.installer is None else side.submit(_installer, run, work, pages, cached)
@@ -406,8 +412,16 @@ def _kept_pins(spec: ClosureSpec) -> dict[str, str]:
 @functools.lru_cache(maxsize=2)
 def _previous_pylock(text: str) -> Pylock:
     """The previous pylock, read once: it is checked, then its pins asked for, before uv's
-    closure run and after it (a Pylock is frozen: one object serves each)."""
-    return read_pylock(text)
+    closure run and after it (a Pylock is frozen: one object serves each). PEP 751's reference
+    reader, half the time and its import, checks it beside uv's run (:func:`_previous_refused`):
+    nothing taken from it before then goes anywhere but to uv, which reads that file itself."""
+    return read_pylock(text, reference=False)
+
+
+def _previous_refused(beside: Mapping[str, Answer[Any]]) -> None:
+    """The reference reader's refusal of the previous pylock raised (a UsageError naming the field)."""
+    if "previous" in beside:
+        beside["previous"].result()
 
 
 def _shortened(text: str, limit: int = 240) -> str:
