@@ -45,7 +45,7 @@ def test_lock_check_first_free_disk_and_promotion_after_verify(rendered: dict[st
     assert list(jobs) == ["lock-check", "matrix", "build", "verify", "promote"]
     check = jobs["lock-check"]["steps"][-1]
     assert check["run"].splitlines()[-1] == \
-        'python3 -m envbuild lock --check --output "$LOCK" --stacks stacks'
+        'python3 -P -m envbuild lock --check --output "$LOCK" --stacks stacks'
     assert check["env"]["LOCK"] == "envbuild.lock"
     assert jobs["build"]["needs"] == ["matrix", "lock-check"]
     assert jobs["build"]["steps"][0]["name"] == "Free disk space"
@@ -55,6 +55,28 @@ def test_lock_check_first_free_disk_and_promotion_after_verify(rendered: dict[st
     for job in jobs.values():
         for step in job["steps"]:
             assert "${{" not in step.get("run", "")
+
+
+def test_the_lock_check_command_runs_envbuild_not_the_checkouts_own(rendered: dict[str, bytes],
+                                                                    tmp_path: Path) -> None:
+    """The job runs in a pull request's checkout: ``python3 -m`` would import its own
+    ``envbuild/`` first (the working directory leads sys.path); ``-P`` leaves it out. The
+    command's interpreter options, run here against a checkout holding a hostile package."""
+    import os
+    import subprocess
+    import sys
+
+    line = yaml.safe_load(rendered[github.WORKFLOW_PATH])["jobs"]["lock-check"]["steps"][-1]["run"]
+    options = line.splitlines()[-1].split(" -m envbuild ")[0].split()[1:]
+    assert options == ["-P"]
+    (tmp_path / "envbuild").mkdir()
+    (tmp_path / "envbuild" / "__init__.py").write_text("raise SystemExit('the checkout ran its own')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = [subprocess.run([sys.executable, *given, "-m", "envbuild", "--version"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60, check=False)
+            for given in (list[str](), options)]
+    assert done[0].returncode == 1 and "the checkout ran its own" in done[0].stderr  # what -P prevents
+    assert done[1].returncode == 0 and done[1].stdout.startswith("envbuild "), done[1].stderr
 
 
 def test_the_lock_workflow_passes_the_schema_and_zizmor(rendered: dict[str, bytes], tmp_path: Path) -> None:

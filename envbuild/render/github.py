@@ -173,9 +173,11 @@ def _lock_check(options: CiOptions) -> dict[str, Any]:
             "steps": [_checkout(options),
                       {"name": "envbuild lock --check",
                        "env": {"ENVBUILD_VERSION": __version__, "LOCK": options.lock},
+                       # the stacks/ this workflow builds are the lock's too; -P: the checkout's
+                       # own envbuild/ (or yaml/, …) is not imported in its place (3.12 there)
                        "run": _lines(['python3 -m pip install --user "envbuild==$ENVBUILD_VERSION"',
-                                      # the stacks/ this workflow builds are the lock's too
-                                      'python3 -m envbuild lock --check --output "$LOCK" --stacks stacks'])}]}
+                                      'python3 -P -m envbuild lock --check --output "$LOCK" '
+                                      '--stacks stacks'])}]}
 
 
 def _from_lock(options: CiOptions, body: dict[str, Any]) -> dict[str, Any]:
