@@ -471,7 +471,6 @@ def speaks_tls(url: str, *, timeout: float) -> bool | None:
     costs a connection where a verified attempt at a plain-http server first parses the whole
     CA bundle (~35 ms of CPU that holds the interpreter lock, beside uv's run in ``lock``)
     only to meet an HTTP reply. A caller still verifies every connection it makes over TLS."""
-
     parts = urlsplit(url)
     try:
         port = parts.port or 443
